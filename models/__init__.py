@@ -1,0 +1,1 @@
+"""Generative side of gpzoo: kernels (priors), likelihoods and the model zoo."""

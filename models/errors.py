@@ -1,0 +1,82 @@
+"""Typed errors and eager input checks shared by every gpzoo layer.
+
+Every check runs on concrete (NumPy / non-traced JAX) values before any JAX tracing, so a user
+sees one sentence naming the offending argument instead of a traceback from inside XLA.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from jax import core as jax_core
+
+
+class GPZooError(Exception):
+    """Base class of every error gpzoo raises on purpose."""
+
+
+class InvalidArgumentError(GPZooError, ValueError):
+    """An argument has the wrong value, shape or dtype. ``argument`` names it."""
+
+    def __init__(self, argument: str, message: str):
+        self.argument = argument
+        super().__init__(f"{argument}: {message}")
+
+
+class ShapeError(InvalidArgumentError):
+    """An array argument has the wrong shape."""
+
+
+class DataError(InvalidArgumentError):
+    """Data contain NaN/inf, labels outside the likelihood's support, or similar."""
+
+
+class HyperparameterError(InvalidArgumentError):
+    """A kernel or likelihood hyperparameter is outside its domain (e.g. non-positive)."""
+
+
+class CheckpointError(GPZooError, OSError):
+    """A checkpoint is missing, corrupt, or belongs to a different model."""
+
+
+class TrainingError(GPZooError, FloatingPointError):
+    """Training diverged (NaN/inf loss); ``step`` is the first bad step."""
+
+    def __init__(self, message: str, step: int, checkpoint: str | None = None):
+        self.step = step
+        self.checkpoint = checkpoint
+        super().__init__(message)
+
+
+def is_concrete(x) -> bool:
+    """True when ``x`` holds actual numbers (not a JAX tracer)."""
+    return not isinstance(x, jax_core.Tracer)
+
+
+def as_float_array(x, argument: str, ndim: int | tuple[int, ...] | None = None) -> np.ndarray:
+    """Convert ``x`` to a finite float NumPy array, checking its rank; raise naming ``argument``."""
+    try:
+        arr = np.asarray(x)
+    except Exception as exc:  # noqa: BLE001 - anything unconvertible is the user's input
+        raise DataError(argument, f"cannot be converted to an array ({exc})") from None
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+        raise DataError(argument, f"must be numeric, got dtype {arr.dtype}")
+    arr = arr.astype(np.float64 if arr.dtype == np.float64 else np.result_type(arr.dtype, np.float32))
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else ndim
+        if arr.ndim not in allowed:
+            raise ShapeError(argument, f"expected {' or '.join(map(str, allowed))}-D array, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
+        raise DataError(argument, f"contains {bad} NaN/inf value(s)")
+    return arr
+
+
+def check_positive(value, argument: str) -> None:
+    """Raise ``HyperparameterError`` when a concrete ``value`` has any entry <= 0."""
+    if value is None or not is_concrete(value):
+        return
+    arr = np.asarray(value)
+    if not np.issubdtype(arr.dtype, np.number):
+        return
+    if np.any(~np.isfinite(arr)) or np.any(arr <= 0):
+        raise HyperparameterError(argument, f"must be positive and finite, got {arr.tolist()}")

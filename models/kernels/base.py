@@ -1,0 +1,164 @@
+"""Kernel base class, hyperparameter declaration and the kernel algebra (seed 004 §1.3–1.4).
+
+A kernel is an immutable pytree (a frozen dataclass registered with JAX) whose hyperparameters
+are declared with :func:`models.parameters.hyper` and become NumPyro sites through
+:meth:`Kernel.realise` (see :mod:`models.parameters`).
+
+``k1 + k2`` and ``k1 * k2`` build :class:`Sum` / :class:`Product`; ``c * k`` with a number ``c``
+scales by a fixed constant, ``k.scaled(v)`` by a trainable variance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from numbers import Number
+from typing import Any
+
+import jax.numpy as jnp
+
+from models.errors import HyperparameterError
+from models.parameters import Fixed, Parameterised, hyper, pytree_dataclass, static
+
+kernel_class = pytree_dataclass
+
+__all__ = [
+    "Fixed",
+    "Kernel",
+    "Product",
+    "Scaled",
+    "Sum",
+    "hyper",
+    "kernel_class",
+    "static",
+]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Kernel(Parameterised):
+    """Base class. Subclasses implement ``_K(X, Y)`` and ``_K_diag(X)`` on active columns.
+
+    ``active_dims`` (keyword, static) selects input columns, as in seed 004 §1.4 (additive
+    kernels over subsets of inputs). Structured kernels on images override ``K``/``K_diag``.
+    """
+
+    active_dims: tuple[int, ...] | None = static(None, kw_only=True)
+
+    def __post_init__(self):
+        if self.active_dims is not None:
+            object.__setattr__(self, "active_dims", tuple(int(i) for i in self.active_dims))
+        super().__post_init__()
+
+    # ----------------------------------------------------------------- covariance
+    def K(self, X, Y=None):
+        """Covariance matrix ``[N, M]`` between rows of ``X`` ``[N, D]`` and ``Y`` ``[M, D]``."""
+        X = self._select(X)
+        Y = X if Y is None else self._select(Y)
+        return self._K(X, Y)
+
+    def K_diag(self, X):
+        """Diagonal of ``K(X, X)``, shape ``[N]``, without forming the matrix."""
+        return self._K_diag(self._select(X))
+
+    def _select(self, X):
+        X = jnp.asarray(X)
+        if self.active_dims is None:
+            return X
+        return X[..., jnp.asarray(self.active_dims)]
+
+    def _K(self, X, Y):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _K_diag(self, X):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- algebra
+    def __add__(self, other):
+        if not isinstance(other, Kernel):
+            return NotImplemented
+        return Sum(_flatten(self, Sum) + _flatten(other, Sum))
+
+    def __mul__(self, other):
+        if isinstance(other, Kernel):
+            return Product(_flatten(self, Product) + _flatten(other, Product))
+        if isinstance(other, Number) or (hasattr(other, "shape") and jnp.ndim(other) == 0):
+            return Scaled(self, Fixed(other))
+        return NotImplemented
+
+    __rmul__ = __mul__
+
+    def scaled(self, variance=1.0) -> "Scaled":
+        """``variance * self`` with a trainable (or sampled, or fixed) ``variance``."""
+        return Scaled(self, variance)
+
+
+def _all_kernels(value) -> bool:
+    return len(value) > 0 and all(isinstance(v, Kernel) for v in value)
+
+
+def _flatten(kernel: Kernel, cls) -> tuple[Kernel, ...]:
+    return tuple(kernel.kernels) if isinstance(kernel, cls) and kernel.active_dims is None else (kernel,)
+
+
+@kernel_class
+class Sum(Kernel):
+    """``k(x, y) = Σ_i k_i(x, y)`` (seed 004 eq. 1.9): superposition of independent functions."""
+
+    kernels: tuple[Kernel, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "kernels", tuple(self.kernels))
+        if not _all_kernels(self.kernels):
+            raise HyperparameterError("Sum.kernels", "must be a non-empty sequence of Kernel objects")
+        super().__post_init__()
+
+    def _K(self, X, Y):
+        return sum(k.K(X, Y) for k in self.kernels)
+
+    def _K_diag(self, X):
+        return sum(k.K_diag(X) for k in self.kernels)
+
+
+@kernel_class
+class Product(Kernel):
+    """``k(x, y) = Π_i k_i(x, y)`` (seed 004 eq. 1.10): an AND of the factors' similarities."""
+
+    kernels: tuple[Kernel, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "kernels", tuple(self.kernels))
+        if not _all_kernels(self.kernels):
+            raise HyperparameterError("Product.kernels", "must be a non-empty sequence of Kernel objects")
+        super().__post_init__()
+
+    def _K(self, X, Y):
+        out = self.kernels[0].K(X, Y)
+        for k in self.kernels[1:]:
+            out = out * k.K(X, Y)
+        return out
+
+    def _K_diag(self, X):
+        out = self.kernels[0].K_diag(X)
+        for k in self.kernels[1:]:
+            out = out * k.K_diag(X)
+        return out
+
+
+@kernel_class
+class Scaled(Kernel):
+    """``k(x, y) = variance · k_0(x, y)``."""
+
+    kernel: Kernel
+    variance: Any = hyper(1.0)
+
+    def _K(self, X, Y):
+        return self.variance * self.kernel.K(X, Y)
+
+    def _K_diag(self, X):
+        return self.variance * self.kernel.K_diag(X)
+
+
+def sum_kernels(kernels: Sequence[Kernel]) -> Kernel:
+    """``Σ kernels`` as one kernel (a single kernel is returned unchanged)."""
+    kernels = tuple(kernels)
+    return kernels[0] if len(kernels) == 1 else Sum(kernels)
