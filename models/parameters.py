@@ -101,3 +101,22 @@ class Parameterised:
             elif "constraint" in f.metadata:
                 updates[f.name] = numpyro.param(site, jnp.asarray(value), constraint=f.metadata["constraint"])
         return dataclasses.replace(self, **updates)
+
+    def resolved(self) -> "Parameterised":
+        """This object with ``Fixed`` fields replaced by their values (children untouched).
+
+        Lets a kernel be evaluated outside a NumPyro model; a field that holds a prior
+        (a ``Distribution``) has no value there and raises ``HyperparameterError``.
+        """
+        updates = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Fixed):
+                updates[f.name] = jnp.asarray(value.value)
+            elif isinstance(value, Distribution):
+                raise HyperparameterError(
+                    f"{type(self).__name__}.{f.name}",
+                    "holds a prior distribution; evaluate the object inside a NumPyro model after "
+                    ".realise(), or give the hyperparameter a value",
+                )
+        return dataclasses.replace(self, **updates) if updates else self

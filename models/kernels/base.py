@@ -54,11 +54,11 @@ class Kernel(Parameterised):
         """Covariance matrix ``[N, M]`` between rows of ``X`` ``[N, D]`` and ``Y`` ``[M, D]``."""
         X = self._select(X)
         Y = X if Y is None else self._select(Y)
-        return self._K(X, Y)
+        return self.resolved()._K(X, Y)
 
     def K_diag(self, X):
         """Diagonal of ``K(X, X)``, shape ``[N]``, without forming the matrix."""
-        return self._K_diag(self._select(X))
+        return self.resolved()._K_diag(self._select(X))
 
     def _select(self, X):
         X = jnp.asarray(X)
