@@ -1,0 +1,167 @@
+"""The model zoo: a registry from a model name to a :class:`ModelSpec`.
+
+A spec says what a model *is* — kernel (prior), likelihood, which inducing variables and how
+many, the q(u) structure and the inference method by name — and nothing about fitting it.
+Builders receive the dataset's facts (``image_shape``, ``num_classes``, input dimension and
+task) plus user options, so one name works on any compatible dataset::
+
+    spec = zoo.get("svgp-rbf", input_dim=2, task="binary", num_inducing=32)
+
+Registering a model is one decorated function; ``names()`` lists them all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from models import kernels
+from models.errors import InvalidArgumentError
+from models.kernels import Kernel
+from models.likelihoods import Likelihood
+
+__all__ = ["ModelSpec", "UnknownModelError", "default_likelihood", "describe", "get", "names", "register"]
+
+
+class UnknownModelError(KeyError):
+    """Raised for a model name that is not in the zoo; the message lists the valid names."""
+
+    def __str__(self):
+        return str(self.args[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """Everything that defines a zoo model, independent of how it is fitted.
+
+    ``inducing`` names the inducing-variable kind ("points", "patches", ... or a tuple of kinds for
+    a sum kernel with separate inducing sets); ``method`` names the inference family in
+    :mod:`inference` ("svgp" for the sparse variational GP of seed 000 §2.1).
+    """
+
+    name: str
+    kernel: Kernel
+    likelihood: Likelihood
+    num_inducing: int = 16
+    inducing: str | tuple[str, ...] = "points"
+    inducing_init: str = "random"
+    whiten: bool = True
+    q_structure: str = "full"
+    jitter: float = 1e-6
+    method: str = "svgp"
+    input_kind: str = "any"  # "image", "tabular" or "any"
+    image_shape: tuple[int, ...] | None = None
+    description: str = ""
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def replace(self, **changes) -> "ModelSpec":
+        return dataclasses.replace(self, **changes)
+
+
+_REGISTRY: dict[str, tuple[Callable[..., ModelSpec], str]] = {}
+
+
+def register(name: str, description: str):
+    """Register ``builder(**facts_and_options) -> ModelSpec`` under ``name``."""
+
+    def wrap(builder):
+        _REGISTRY[name] = (builder, description)
+        return builder
+
+    return wrap
+
+
+def names() -> list[str]:
+    """Every registered model name, sorted."""
+    _load_families()
+    return sorted(_REGISTRY)
+
+
+def describe() -> dict[str, str]:
+    """``{name: one-line description}`` for every model."""
+    _load_families()
+    return {n: _REGISTRY[n][1] for n in sorted(_REGISTRY)}
+
+
+def get(name: str, **options) -> ModelSpec:
+    """Build the spec of model ``name``; options not used by that model raise an error."""
+    _load_families()
+    if name not in _REGISTRY:
+        raise UnknownModelError(f"unknown model {name!r}; valid: {', '.join(sorted(_REGISTRY))}")
+    builder, description = _REGISTRY[name]
+    params = inspect.signature(builder).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        unknown = sorted(set(options) - set(params))
+        if unknown:
+            raise InvalidArgumentError(unknown[0], f"model {name!r} takes no option {unknown[0]!r}; options: {sorted(params)}")
+    spec = builder(**options)
+    return spec.replace(name=name, description=spec.description or description)
+
+
+def default_likelihood(task: str = "regression", num_classes: int | None = None) -> Likelihood:
+    """The likelihood a zoo model uses for ``task`` unless told otherwise."""
+    from models import likelihoods  # noqa: PLC0415 - keeps import order simple for plug-ins
+
+    if task == "regression":
+        return likelihoods.Gaussian(noise_variance=0.1)
+    if task == "binary":
+        return likelihoods.Bernoulli(link="logit")
+    if task == "multiclass":
+        if not num_classes:
+            raise InvalidArgumentError("num_classes", "multiclass models need the number of classes")
+        return likelihoods.RobustMax(num_classes=num_classes)
+    raise InvalidArgumentError("task", f"unknown task {task!r}; use 'regression', 'binary' or 'multiclass'")
+
+
+# ----------------------------------------------------------------------------- built-in models
+@register("svgp-rbf", "SVGP with a squared-exponential (ARD) kernel on the raw inputs, inducing points")
+def _svgp_rbf(
+    input_dim: int | None = None,
+    task: str = "regression",
+    num_classes: int | None = None,
+    image_shape=None,
+    num_inducing: int = 32,
+    likelihood: Likelihood | None = None,
+    lengthscale: float | None = None,
+    ard: bool = False,
+    whiten: bool = True,
+    q_structure: str = "full",
+    inducing_init: str = "random",
+) -> ModelSpec:
+    if lengthscale is None:
+        # images of D pixels in [0, 1]: distances grow like sqrt(D); start there (as GPflow users do)
+        lengthscale = float(max(1.0, (input_dim or 1) ** 0.5 / 2)) if image_shape else 1.0
+    if ard:
+        if not input_dim:
+            raise InvalidArgumentError("input_dim", "ARD lengthscales need the input dimension")
+        import numpy as np  # noqa: PLC0415
+
+        lengthscale = np.full(input_dim, lengthscale)
+    return ModelSpec(
+        name="svgp-rbf",
+        kernel=kernels.SquaredExponential(lengthscale=lengthscale, variance=1.0),
+        likelihood=likelihood or default_likelihood(task, num_classes),
+        num_inducing=num_inducing,
+        whiten=whiten,
+        q_structure=q_structure,
+        inducing_init=inducing_init,
+        image_shape=tuple(image_shape) if image_shape else None,
+    )
+
+
+def _load_families():
+    """Import the modules whose import registers more models (conv, invariant, ...)."""
+    import importlib  # noqa: PLC0415
+
+    for module in _FAMILY_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+
+
+#: Modules that register zoo models on import; a module that is not present is skipped.
+_FAMILY_MODULES = ("models.kernels.convolutional", "models.kernels.invariant", "models.zoo_families")
