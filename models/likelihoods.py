@@ -1,39 +1,64 @@
 """Likelihoods p(y | f) and their expectations under a Gaussian q(f) = N(μ, σ²).
 
-Every likelihood provides what the sparse variational ELBO (seed 000 eq. 5) and prediction need:
+Every likelihood provides what the sparse variational ELBO (seed 000 eq. 5, with the marginals
+q(f_i) = N(μ_i, σ_i²) of seed 000 eq. 6) and prediction need:
 
-* ``variational_expectation(y, mean, var)``: E_q(f)[log p(y|f)] per datum, ``[N]``;
+* ``variational_expectation(y, mean, var, key=None)``: E_q(f)[log p(y|f)] per datum, ``[N]``;
 * ``predict_mean_and_var(mean, var)``: moments of the predictive p(y*) = ∫ p(y*|f) q(f) df;
-* ``predict_log_density(y, mean, var)``: log p(y*) per datum (held-out NLPP);
-* ``validate_targets(y)``: eager check of the targets, raising ``DataError`` naming ``y``.
+* ``predict_log_density(y, mean, var, key=None)``: log p(y*) per datum (held-out NLPP), ``[N]``;
+* ``validate_targets(y)``: eager check of the targets, raising ``DataError`` naming ``y``;
+* classification likelihoods also give ``predict_probs(mean, var, key=None)``: class
+  probabilities ``[N, C]`` (``[N, 2]`` for binary), the one entry point analysis code uses.
 
 ``mean`` and ``var`` are ``[N, L]`` with ``L = num_latent`` latent functions (``L = C`` classes for
 the categorical likelihoods, ``1`` otherwise). Likelihoods are immutable pytrees whose
 hyperparameters (e.g. the Gaussian noise variance) become NumPyro sites through ``realise``.
+
+How each expectation is computed (DESIGN §3: analytic where possible, Gauss–Hermite for 1-D
+likelihoods, Monte Carlo only for the softmax):
+
+=============  ==============================  ===================================
+likelihood     E_q[log p(y|f)]                 predictive p(y*)
+=============  ==============================  ===================================
+Gaussian       analytic                        analytic
+Bernoulli      Gauss–Hermite                   probit analytic, logit Gauss–Hermite
+Poisson        analytic (log-normal moment)    moments analytic, density Gauss–Hermite
+Softmax        reparameterised Monte Carlo     Monte Carlo
+RobustMax      analytic in P(f_y is the max),  same
+               P by 1-D Gauss–Hermite
+=============  ==============================  ===================================
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, ClassVar
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.scipy.special import gammaln, log_ndtr, logsumexp, ndtr
+from numpyro.distributions import constraints
 
-from models.errors import DataError, as_float_array
-from models.parameters import Parameterised, hyper, pytree_dataclass, static
+from models.errors import DataError, HyperparameterError, InvalidArgumentError, as_float_array, is_concrete
+from models.parameters import Fixed, Parameterised, hyper, pytree_dataclass, static
 
-__all__ = ["Likelihood", "Gaussian"]
+__all__ = ["Bernoulli", "Gaussian", "Likelihood", "Poisson", "RobustMax", "Softmax"]
 
 LOG_2PI = float(np.log(2.0 * np.pi))
+
+#: Key used by the Monte Carlo *predictions* of ``Softmax`` when the caller passes none, so that
+#: predictions are reproducible. Training (``variational_expectation``) always needs a real key.
+DEFAULT_PREDICTION_KEY = 0
 
 
 class Likelihood(Parameterised):
     """Base class; see the module docstring for the contract."""
 
     #: True when ``variational_expectation`` needs a PRNG key (Monte Carlo expectation).
-    stochastic_expectation: bool = False
+    stochastic_expectation: ClassVar[bool] = False
     #: "regression" / "binary" / "multiclass" / "count": which analyses apply to predictions.
-    task: str = "regression"
+    task: ClassVar[str] = "regression"
 
     def num_latent(self, num_classes: int | None = None) -> int:
         """Number of latent GP functions L this likelihood needs."""
@@ -52,25 +77,54 @@ class Likelihood(Parameterised):
     def predict_log_density(self, y, mean, var, key=None):  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def predict_probs(self, mean, var, key=None):
+        """Class probabilities ``[N, C]``; only classification likelihoods have them."""
+        raise NotImplementedError(f"{type(self).__name__} is a {self.task} likelihood and has no class probabilities")
 
-@pytree_dataclass
-class Gaussian(Likelihood):
-    """y = f + ε, ε ~ N(0, noise_variance). All expectations are analytic."""
 
-    noise_variance: Any = hyper(1.0)
-    task: str = static("regression")
+# --------------------------------------------------------------------------- Gauss–Hermite
 
-    def variational_expectation(self, y, mean, var, key=None):
-        # y [N], mean/var [N, 1] -> [N]
-        mu, v = mean[:, 0], var[:, 0]
-        return -0.5 * (LOG_2PI + jnp.log(self.noise_variance) + ((y - mu) ** 2 + v) / self.noise_variance)
 
-    def predict_mean_and_var(self, mean, var):
-        return mean, var + self.noise_variance
+@functools.lru_cache(maxsize=None)
+def _standard_normal_rule(num_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes z_q and log-weights of the rule E_N(0,1)[g(z)] ≈ Σ_q w_q g(z_q).
 
-    def predict_log_density(self, y, mean, var, key=None):
-        mu, v = mean[:, 0], var[:, 0] + self.noise_variance
-        return -0.5 * (LOG_2PI + jnp.log(v) + (y - mu) ** 2 / v)
+    Gauss–Hermite (Abramowitz & Stegun 25.4.46) with the change of variables z = √2 x,
+    w_q = w_q^GH / √π; exact for polynomials g of degree < 2 Q. Computed once per ``num_points``.
+    """
+    x, w = np.polynomial.hermite.hermgauss(num_points)
+    return np.sqrt(2.0) * x, np.log(w) - 0.5 * np.log(np.pi)
+
+
+def _quadrature_points(mean, var, num_points: int):
+    """Nodes f_q = μ + σ z_q of N(μ, σ²) for every entry of ``mean``/``var`` and the log-weights.
+
+    mean, var [...] -> nodes [..., Q], log_weights [Q]
+    """
+    z, log_w = _standard_normal_rule(num_points)
+    dtype = jnp.result_type(mean, var, jnp.float32)
+    nodes = mean[..., None] + jnp.sqrt(var)[..., None] * jnp.asarray(z, dtype)
+    return nodes, jnp.asarray(log_w, dtype)
+
+
+def _gauss_hermite_expectation(log_lik, mean, var, num_points: int):
+    """E_N(f; μ, σ²)[log_lik(f)] by Gauss–Hermite; ``log_lik`` maps ``[N, Q] -> [N, Q]``."""
+    nodes, log_w = _quadrature_points(mean, var, num_points)  # [N, Q], [Q]
+    return jnp.sum(jnp.exp(log_w) * log_lik(nodes), axis=-1)  # [N]
+
+
+def _gauss_hermite_log_marginal(log_lik, mean, var, num_points: int):
+    """log E_N(f; μ, σ²)[exp(log_lik(f))] by Gauss–Hermite, summed in log space (stable)."""
+    nodes, log_w = _quadrature_points(mean, var, num_points)  # [N, Q], [Q]
+    return logsumexp(log_lik(nodes) + log_w, axis=-1)  # [N]
+
+
+def _check_num_points(value, argument: str) -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise InvalidArgumentError(argument, f"must be a positive integer, got {value!r}")
+
+
+# --------------------------------------------------------------------------- targets
 
 
 def _check_binary(y) -> np.ndarray:
@@ -79,3 +133,310 @@ def _check_binary(y) -> np.ndarray:
     if bad.any():
         raise DataError("y", f"binary labels must be 0 or 1; found {np.unique(y[bad])[:5].tolist()}")
     return y
+
+
+def _check_counts(y) -> np.ndarray:
+    y = as_float_array(y, "y", ndim=1)
+    bad = (y < 0) | (y != np.floor(y))
+    if bad.any():
+        raise DataError("y", f"counts must be non-negative integers; found {np.unique(y[bad])[:5].tolist()}")
+    return y
+
+
+def _check_classes(y, num_classes: int) -> np.ndarray:
+    y = as_float_array(y, "y", ndim=1)
+    bad = (y < 0) | (y >= num_classes) | (y != np.floor(y))
+    if bad.any():
+        raise DataError(
+            "y",
+            f"class labels must be integers in [0, {num_classes}); found {np.unique(y[bad])[:5].tolist()}",
+        )
+    return y.astype(np.int64)
+
+
+# --------------------------------------------------------------------------- Gaussian
+
+
+@pytree_dataclass
+class Gaussian(Likelihood):
+    """y = f + ε, ε ~ N(0, noise_variance). All expectations are analytic.
+
+    E_q[log p(y|f)] = −½ [log 2π s² + ((y − μ)² + σ²) / s²]  (s² = noise variance), the
+    Gaussian term of seed 000 eq. 5; the predictive is N(μ, σ² + s²).
+    """
+
+    noise_variance: Any = hyper(1.0)
+
+    def variational_expectation(self, y, mean, var, key=None):
+        # y [N], mean/var [N, 1] -> [N]
+        noise = self.resolved().noise_variance
+        mu, v = mean[:, 0], var[:, 0]
+        return -0.5 * (LOG_2PI + jnp.log(noise) + ((y - mu) ** 2 + v) / noise)
+
+    def predict_mean_and_var(self, mean, var):
+        return mean, var + self.resolved().noise_variance
+
+    def predict_log_density(self, y, mean, var, key=None):
+        mu, v = mean[:, 0], var[:, 0] + self.resolved().noise_variance  # [N]
+        return -0.5 * (LOG_2PI + jnp.log(v) + (y - mu) ** 2 / v)
+
+
+# --------------------------------------------------------------------------- Bernoulli
+
+_LINKS = ("logit", "probit")
+
+
+@pytree_dataclass
+class Bernoulli(Likelihood):
+    """Binary labels y ∈ {0, 1} with p(y=1|f) = σ(f) (``"logit"``) or Φ(f) (``"probit"``).
+
+    * E_q[log p(y|f)] by ``num_gauss_hermite``-point Gauss–Hermite quadrature of
+      log p(y|f) = log λ((2y − 1) f) with λ the link, evaluated with the stable
+      ``log_sigmoid`` / ``log_ndtr`` (finite for |f| in the hundreds).
+    * Predictive p(y*=1): probit analytic, Φ(μ / √(1 + σ²)) (Rasmussen & Williams 2006,
+      eq. 3.82); logit by the same Gauss–Hermite rule (no closed form).
+    """
+
+    link: str = static("logit")
+    num_gauss_hermite: int = static(20)
+    task: ClassVar[str] = "binary"
+
+    def __post_init__(self):
+        if self.link not in _LINKS:
+            raise InvalidArgumentError("link", f"must be one of {_LINKS}, got {self.link!r}")
+        _check_num_points(self.num_gauss_hermite, "num_gauss_hermite")
+        super().__post_init__()
+
+    def validate_targets(self, y) -> np.ndarray:
+        return _check_binary(y)
+
+    def _log_link(self, signed_f):
+        """log p(y|f) as a function of s·f with s = 2y − 1 ∈ {−1, +1}."""
+        return log_ndtr(signed_f) if self.link == "probit" else jax.nn.log_sigmoid(signed_f)
+
+    def _log_predictive(self, sign, mean, var):
+        """log p(y*) for sign = 2y* − 1, shape [N]; mean/var [N, 1]."""
+        mu, v = mean[:, 0], var[:, 0]  # [N]
+        if self.link == "probit":
+            return log_ndtr(sign * mu / jnp.sqrt(1.0 + v))
+        return _gauss_hermite_log_marginal(
+            lambda f: self._log_link(sign[:, None] * f), mu, v, self.num_gauss_hermite
+        )
+
+    def variational_expectation(self, y, mean, var, key=None):
+        # y [N], mean/var [N, 1] -> [N]
+        sign = 2.0 * jnp.asarray(y) - 1.0  # [N]
+        return _gauss_hermite_expectation(
+            lambda f: self._log_link(sign[:, None] * f), mean[:, 0], var[:, 0], self.num_gauss_hermite
+        )
+
+    def predict_probs(self, mean, var, key=None):
+        """[p(y*=0), p(y*=1)] per datum, ``[N, 2]``."""
+        ones = jnp.ones(mean.shape[:1], mean.dtype)  # [N]
+        log_p = jnp.stack([self._log_predictive(-ones, mean, var), self._log_predictive(ones, mean, var)], -1)
+        return jnp.exp(log_p)  # [N, 2]
+
+    def predict_mean_and_var(self, mean, var):
+        """Mean p(y*=1) and variance p(1 − p) of the Bernoulli predictive, each ``[N, 1]``."""
+        p = self.predict_probs(mean, var)[:, 1:]  # [N, 1]
+        return p, p * (1.0 - p)
+
+    def predict_log_density(self, y, mean, var, key=None):
+        return self._log_predictive(2.0 * jnp.asarray(y) - 1.0, mean, var)  # [N]
+
+
+# --------------------------------------------------------------------------- Poisson
+
+
+@pytree_dataclass
+class Poisson(Likelihood):
+    """Counts y ∈ {0, 1, ...}, y | f ~ Poisson(binsize · exp(f)).
+
+    * E_q[log p(y|f)] = y (μ + log b) − b exp(μ + σ²/2) − log y!, analytic from the
+      log-normal moment E[e^f] = e^{μ+σ²/2}.
+    * Predictive moments by the laws of total expectation and variance:
+      E[y*] = b e^{μ+σ²/2}, Var[y*] = E[y*] + b² (e^{σ²} − 1) e^{2μ+σ²}.
+    * log p(y*) by ``num_gauss_hermite``-point Gauss–Hermite, summed in log space.
+
+    ``binsize`` (b) is the exposure of each count, a fixed constant as in GPflow.
+    """
+
+    binsize: float = static(1.0)
+    num_gauss_hermite: int = static(20)
+    task: ClassVar[str] = "count"
+
+    def __post_init__(self):
+        if not np.isfinite(self.binsize) or self.binsize <= 0:
+            raise InvalidArgumentError("binsize", f"must be positive and finite, got {self.binsize!r}")
+        _check_num_points(self.num_gauss_hermite, "num_gauss_hermite")
+        super().__post_init__()
+
+    def validate_targets(self, y) -> np.ndarray:
+        return _check_counts(y)
+
+    def _log_lik(self, y, f):
+        return y * (f + np.log(self.binsize)) - self.binsize * jnp.exp(f) - gammaln(y + 1.0)
+
+    def variational_expectation(self, y, mean, var, key=None):
+        # y [N], mean/var [N, 1] -> [N]
+        y = jnp.asarray(y)
+        mu, v = mean[:, 0], var[:, 0]
+        return y * (mu + np.log(self.binsize)) - self.binsize * jnp.exp(mu + 0.5 * v) - gammaln(y + 1.0)
+
+    def predict_mean_and_var(self, mean, var):
+        expected = self.binsize * jnp.exp(mean + 0.5 * var)  # [N, 1]
+        return expected, expected + jnp.expm1(var) * expected**2
+
+    def predict_log_density(self, y, mean, var, key=None):
+        y = jnp.asarray(y)[:, None]  # [N, 1] against nodes [N, Q]
+        return _gauss_hermite_log_marginal(lambda f: self._log_lik(y, f), mean[:, 0], var[:, 0], self.num_gauss_hermite)
+
+
+# --------------------------------------------------------------------------- categorical
+
+
+class _Categorical(Likelihood):
+    """Shared parts of the C-class likelihoods: C latent functions, labels in [0, C)."""
+
+    task: ClassVar[str] = "multiclass"
+
+    def __post_init__(self):
+        _check_num_points(self.num_classes, "num_classes")
+        if self.num_classes < 2:
+            raise InvalidArgumentError("num_classes", f"must be at least 2, got {self.num_classes}")
+        super().__post_init__()
+
+    def num_latent(self, num_classes: int | None = None) -> int:
+        if num_classes is not None and num_classes != self.num_classes:
+            raise InvalidArgumentError(
+                "num_classes", f"the data have {num_classes} classes but the likelihood has {self.num_classes}"
+            )
+        return self.num_classes
+
+    def validate_targets(self, y) -> np.ndarray:
+        """Labels as an integer array ``[N]`` with values in [0, num_classes)."""
+        return _check_classes(y, self.num_classes)
+
+    def predict_mean_and_var(self, mean, var):
+        """Moments of the one-hot y*: mean p(y*=c) and variance p(1 − p), each ``[N, C]``."""
+        p = self.predict_probs(mean, var)
+        return p, p * (1.0 - p)
+
+
+@pytree_dataclass
+class Softmax(_Categorical):
+    """Categorical y ∈ {0..C−1} with p(y=c|f) = softmax(f)_c over C independent latent GPs.
+
+    No closed form or 1-D quadrature exists, so every expectation is a reparameterised Monte
+    Carlo average over S = ``num_mc_samples`` draws f^(s) = μ + σ ⊙ ε^(s), ε^(s) ~ N(0, I):
+
+    * E_q[log p(y|f)] ≈ (1/S) Σ_s log softmax(f^(s))_y — unbiased, differentiable in μ and σ²
+      (the reparameterisation trick, Kingma & Welling 2014; as in doubly stochastic VI,
+      Salimbeni & Deisenroth 2017). It needs a fresh PRNG ``key`` per step.
+    * p(y*=c) ≈ (1/S) Σ_s softmax(f^(s))_c. Predictions without a key use the fixed key
+      ``DEFAULT_PREDICTION_KEY`` so they are reproducible; the same draws serve every class,
+      so the probabilities sum to one exactly.
+    """
+
+    num_classes: int = static()
+    num_mc_samples: int = static(100)
+    stochastic_expectation: ClassVar[bool] = True
+
+    def __post_init__(self):
+        _check_num_points(self.num_mc_samples, "num_mc_samples")
+        super().__post_init__()
+
+    def _log_softmax_samples(self, mean, var, key):
+        """log softmax(f^(s)) for S reparameterised draws: mean/var [N, C] -> [S, N, C]."""
+        eps = jax.random.normal(key, (self.num_mc_samples, *mean.shape), jnp.result_type(mean, var, jnp.float32))
+        return jax.nn.log_softmax(mean + jnp.sqrt(var) * eps, axis=-1)
+
+    @staticmethod
+    def _prediction_key(key):
+        return jax.random.PRNGKey(DEFAULT_PREDICTION_KEY) if key is None else key
+
+    def variational_expectation(self, y, mean, var, key=None):
+        # y [N], mean/var [N, C] -> [N]
+        if key is None:
+            raise InvalidArgumentError(
+                "key",
+                "Softmax.variational_expectation is a Monte Carlo estimate and needs a PRNG key "
+                "(jax.random.PRNGKey), a fresh one per training step",
+            )
+        log_p = self._log_softmax_samples(mean, var, key)  # [S, N, C]
+        labels = jnp.asarray(y).astype(jnp.int32)  # [N]
+        return jnp.mean(jnp.take_along_axis(log_p, labels[None, :, None], axis=-1)[..., 0], axis=0)
+
+    def predict_probs(self, mean, var, key=None):
+        log_p = self._log_softmax_samples(mean, var, self._prediction_key(key))  # [S, N, C]
+        return jnp.mean(jnp.exp(log_p), axis=0)  # [N, C]
+
+    def predict_log_density(self, y, mean, var, key=None):
+        log_p = self._log_softmax_samples(mean, var, self._prediction_key(key))  # [S, N, C]
+        labels = jnp.asarray(y).astype(jnp.int32)  # [N]
+        log_p_y = jnp.take_along_axis(log_p, labels[None, :, None], axis=-1)[..., 0]  # [S, N]
+        return logsumexp(log_p_y, axis=0) - np.log(self.num_mc_samples)
+
+
+@pytree_dataclass
+class RobustMax(_Categorical):
+    """Robust-max categorical likelihood (Hernández-Lobato, Hernández-Lobato & Dupont 2011; GPflow).
+
+    p(y=c|f) = 1 − ε if c = argmax_j f_j, else ε / (C − 1). With P_y = q(f_y is the max),
+    everything is analytic in P_y:
+
+    * E_q[log p(y|f)] = P_y log(1 − ε) + (1 − P_y) log(ε / (C − 1));
+    * p(y*=c) = P_c (1 − ε) + (1 − P_c) ε / (C − 1).
+
+    P_y = ∫ N(x; μ_y, σ_y²) Π_{j≠y} Φ((x − μ_j) / σ_j) dx is a 1-D integral, computed by
+    ``num_gauss_hermite``-point Gauss–Hermite quadrature with the product summed in log space
+    (``log_ndtr``). ``epsilon`` is ``Fixed`` by default (not trained); pass a number to learn it.
+    Class probabilities sum to one up to the quadrature error of Σ_c P_c = 1.
+    """
+
+    num_classes: int = static()
+    epsilon: Any = hyper(Fixed(1e-3), constraint=constraints.unit_interval)
+    num_gauss_hermite: int = static(20)
+
+    def __post_init__(self):
+        _check_num_points(self.num_gauss_hermite, "num_gauss_hermite")
+        raw = self.epsilon.value if isinstance(self.epsilon, Fixed) else self.epsilon
+        if isinstance(raw, (int, float, np.ndarray, jax.Array)) and is_concrete(raw):
+            if not 0.0 < float(np.asarray(raw)) < 1.0:
+                raise HyperparameterError("RobustMax.epsilon", f"must lie strictly inside (0, 1), got {raw}")
+        super().__post_init__()
+
+    def _log_prob_is_max(self, labels, mean, var):
+        """log P(f_label > f_j for all j ≠ label) under q; labels [N], mean/var [N, C] -> [N]."""
+        num_classes = self.num_classes
+        onehot = jax.nn.one_hot(labels, num_classes, dtype=bool)  # [N, C]
+        mu_y = jnp.sum(jnp.where(onehot, mean, 0.0), axis=-1)  # [N]
+        var_y = jnp.sum(jnp.where(onehot, var, 0.0), axis=-1)  # [N]
+        nodes, log_w = _quadrature_points(mu_y, var_y, self.num_gauss_hermite)  # [N, Q], [Q]
+        z = (nodes[:, :, None] - mean[:, None, :]) / jnp.sqrt(var)[:, None, :]  # [N, Q, C]
+        log_cdf = jnp.where(onehot[:, None, :], 0.0, log_ndtr(z))  # the j = y factor is left out
+        return logsumexp(jnp.sum(log_cdf, axis=-1) + log_w, axis=-1)  # [N]
+
+    def _hit_and_miss(self):
+        """p(y=c|f) when c is the argmax (1 − ε) and when it is not (ε / (C − 1))."""
+        eps = self.resolved().epsilon
+        return 1.0 - eps, eps / (self.num_classes - 1)
+
+    def variational_expectation(self, y, mean, var, key=None):
+        # y [N], mean/var [N, C] -> [N]
+        p_max = jnp.exp(self._log_prob_is_max(jnp.asarray(y).astype(jnp.int32), mean, var))  # [N]
+        hit, miss = self._hit_and_miss()
+        return p_max * jnp.log(hit) + (1.0 - p_max) * jnp.log(miss)
+
+    def predict_probs(self, mean, var, key=None):
+        num_data = mean.shape[0]
+        p_max = jax.vmap(
+            lambda c: jnp.exp(self._log_prob_is_max(jnp.full((num_data,), c), mean, var)), out_axes=1
+        )(jnp.arange(self.num_classes))  # [N, C]
+        hit, miss = self._hit_and_miss()
+        return miss + p_max * (hit - miss)
+
+    def predict_log_density(self, y, mean, var, key=None):
+        p_max = jnp.exp(self._log_prob_is_max(jnp.asarray(y).astype(jnp.int32), mean, var))  # [N]
+        hit, miss = self._hit_and_miss()
+        return jnp.log(miss + p_max * (hit - miss))  # miss > 0 keeps the log finite

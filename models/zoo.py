@@ -164,4 +164,4 @@ def _load_families():
 
 
 #: Modules that register zoo models on import; a module that is not present is skipped.
-_FAMILY_MODULES = ("models.kernels.convolutional", "models.kernels.invariant", "models.zoo_families")
+_FAMILY_MODULES = ("models.zoo_convolutional", "models.zoo_invariant")

@@ -1,17 +1,65 @@
 """Kernel algebra and structured kernels. Every kernel is an immutable JAX pytree."""
 
 from models.kernels.base import Fixed, Kernel, Product, Scaled, Sum, hyper, kernel_class, static, sum_kernels
-from models.kernels.stationary import RBF, SquaredExponential, Stationary, scaled_sqdist
+from models.kernels.combinators import Categorical, ChangePoint, ChangeWindow, Coregionalization, FunctionScaled
+from models.kernels.dot_product import Constant, Linear, Polynomial, White
+from models.kernels.stationary import (
+    RBF,
+    Cosine,
+    Matern12,
+    Matern32,
+    Matern52,
+    Periodic,
+    RationalQuadratic,
+    SquaredExponential,
+    Stationary,
+    scaled_sqdist,
+)
+from models.kernels.symmetry import (
+    CyclicShift,
+    FiniteGroup,
+    ImageSymmetries,
+    OrbitProduct,
+    OrbitProjection,
+    OrbitSum,
+    PermutationGroup,
+    Reflection,
+    SwapInputs,
+)
 
 __all__ = [
+    "Categorical",
+    "ChangePoint",
+    "ChangeWindow",
+    "Constant",
+    "Coregionalization",
+    "Cosine",
+    "CyclicShift",
+    "FiniteGroup",
     "Fixed",
+    "FunctionScaled",
+    "ImageSymmetries",
     "Kernel",
+    "Linear",
+    "Matern12",
+    "Matern32",
+    "Matern52",
+    "OrbitProduct",
+    "OrbitProjection",
+    "OrbitSum",
+    "Periodic",
+    "PermutationGroup",
+    "Polynomial",
     "Product",
     "RBF",
+    "RationalQuadratic",
+    "Reflection",
     "Scaled",
     "SquaredExponential",
     "Stationary",
     "Sum",
+    "SwapInputs",
+    "White",
     "hyper",
     "kernel_class",
     "scaled_sqdist",

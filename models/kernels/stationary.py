@@ -9,10 +9,23 @@ from __future__ import annotations
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 from models.kernels.base import Kernel, hyper, kernel_class
 
-__all__ = ["Stationary", "SquaredExponential", "scaled_sqdist", "safe_sqrt"]
+__all__ = [
+    "RBF",
+    "Cosine",
+    "Matern12",
+    "Matern32",
+    "Matern52",
+    "Periodic",
+    "RationalQuadratic",
+    "SquaredExponential",
+    "Stationary",
+    "safe_sqrt",
+    "scaled_sqdist",
+]
 
 
 def scaled_sqdist(X, Y, lengthscale):
@@ -20,7 +33,7 @@ def scaled_sqdist(X, Y, lengthscale):
     Xs = X / lengthscale  # [N, D]
     Ys = Y / lengthscale  # [M, D]
     cross = Xs @ Ys.T  # [N, M]
-    r2 = jnp.sum(Xs**2, -1)[:, None] - 2.0 * cross + jnp.sum(Ys**2, -1)[None, :]
+    r2 = jnp.sum(Xs**2, -1)[:, None] - 2.0 * cross + jnp.sum(Ys**2, -1)[None, :]  # [N, M]
     return jnp.maximum(r2, 0.0)
 
 
@@ -34,10 +47,10 @@ class Stationary(Kernel):
     """Base of kernels that depend on the scaled distance only: σ² κ(r²)."""
 
     def _K(self, X, Y):
-        return self.variance * self.profile(scaled_sqdist(X, Y, self.lengthscale))
+        return self.variance * self.profile(scaled_sqdist(X, Y, self.lengthscale))  # [N, M]
 
     def _K_diag(self, X):
-        return jnp.broadcast_to(self.variance * self.profile(jnp.zeros((), X.dtype)), X.shape[:1])
+        return jnp.broadcast_to(self.variance * self.profile(jnp.zeros((), X.dtype)), X.shape[:1])  # [N]
 
     def profile(self, r2):  # pragma: no cover - abstract
         """κ as a function of the squared scaled distance ``r2`` (κ(0) = 1)."""
@@ -56,3 +69,110 @@ class SquaredExponential(Stationary):
 
 
 RBF = SquaredExponential
+
+
+@kernel_class
+class Matern12(Stationary):
+    """Matérn ν=1/2 (exponential / Ornstein–Uhlenbeck): σ² exp(−r).
+
+    One of the "local" variants of SE that seed 004 §1.2 mentions; samples are continuous but
+    nowhere differentiable.
+    """
+
+    lengthscale: Any = hyper(1.0)
+    variance: Any = hyper(1.0)
+
+    def profile(self, r2):
+        return jnp.exp(-safe_sqrt(r2))
+
+
+@kernel_class
+class Matern32(Stationary):
+    """Matérn ν=3/2: σ² (1 + √3 r) exp(−√3 r) (seed 004 §1.2, "local" SE variant); once-differentiable samples."""
+
+    lengthscale: Any = hyper(1.0)
+    variance: Any = hyper(1.0)
+
+    def profile(self, r2):
+        sqrt3_r = np.sqrt(3.0) * safe_sqrt(r2)
+        return (1.0 + sqrt3_r) * jnp.exp(-sqrt3_r)
+
+
+@kernel_class
+class Matern52(Stationary):
+    """Matérn ν=5/2: σ² (1 + √5 r + 5r²/3) exp(−√5 r) (seed 004 §1.2); twice-differentiable samples."""
+
+    lengthscale: Any = hyper(1.0)
+    variance: Any = hyper(1.0)
+
+    def profile(self, r2):
+        sqrt5_r = np.sqrt(5.0) * safe_sqrt(r2)
+        return (1.0 + sqrt5_r + 5.0 / 3.0 * r2) * jnp.exp(-sqrt5_r)
+
+
+@kernel_class
+class RationalQuadratic(Stationary):
+    """RQ: σ² (1 + r²/(2α))^(−α), a scale mixture of SE kernels (seed 004 §1.2, Fig. 1.1 family).
+
+    ``alpha`` → ∞ recovers SE; small ``alpha`` mixes many lengthscales.
+    """
+
+    lengthscale: Any = hyper(1.0)
+    variance: Any = hyper(1.0)
+    alpha: Any = hyper(1.0)
+
+    def profile(self, r2):
+        return (1.0 + 0.5 * r2 / self.alpha) ** (-self.alpha)
+
+
+@kernel_class
+class Periodic(Stationary):
+    """Per: σ² exp(−2 Σ_d sin²(π (x_d − y_d)/p_d) / ℓ_d²) (seed 004 eq. 1.41, Fig. 1.1).
+
+    Implemented exactly as eq. 1.41 states it: the projection of each input onto the circle,
+    u(x) = [sin(2πx/p), cos(2πx/p)] / ℓ, followed by SE on u, whose squared distance is a matmul
+    (‖u(x) − u(y)‖² = 4 Σ_d sin²(π (x_d − y_d)/p_d) / ℓ_d²). ``period`` may be per dimension.
+    """
+
+    lengthscale: Any = hyper(1.0)
+    variance: Any = hyper(1.0)
+    period: Any = hyper(1.0)
+
+    def _K(self, X, Y):
+        U = self._circle(X)  # [N, 2D]
+        V = self._circle(Y)  # [M, 2D]
+        return self.variance * self.profile(scaled_sqdist(U, V, 1.0))  # [N, M]
+
+    def _circle(self, X):
+        """u(x) = [sin(2πx/p), cos(2πx/p)] / ℓ, the projection onto the fundamental domain."""
+        phase = 2.0 * np.pi * X / self.period  # [N, D]
+        lengthscale = jnp.broadcast_to(self.lengthscale, X.shape[-1:])  # [D]
+        return jnp.concatenate([jnp.sin(phase) / lengthscale, jnp.cos(phase) / lengthscale], axis=-1)  # [N, 2D]
+
+    def profile(self, r2):
+        return jnp.exp(-0.5 * r2)
+
+
+@kernel_class
+class Cosine(Stationary):
+    """Cosine: σ² cos(2π Σ_d (x_d − y_d)/ℓ_d), a single Fourier feature (seed 004 §1.6, eq. 1.22).
+
+    With a = 2π Σ_d x_d/ℓ_d the kernel is cos(a)cos(b) + sin(a)sin(b): a rank-2 feature inner
+    product, computed as such (an outer product, never an ``[N, M, D]`` difference).
+    """
+
+    lengthscale: Any = hyper(1.0)
+    variance: Any = hyper(1.0)
+
+    def _K(self, X, Y):
+        a = self._phase(X)  # [N]
+        b = self._phase(Y)  # [M]
+        features_x = jnp.stack([jnp.cos(a), jnp.sin(a)], axis=-1)  # [N, 2]
+        features_y = jnp.stack([jnp.cos(b), jnp.sin(b)], axis=-1)  # [M, 2]
+        return self.variance * (features_x @ features_y.T)  # [N, M]
+
+    def _K_diag(self, X):
+        return self.variance * jnp.ones(X.shape[:1], X.dtype)  # [N]
+
+    def _phase(self, X):
+        return 2.0 * np.pi * jnp.sum(X / self.lengthscale, axis=-1)  # [N]
