@@ -303,7 +303,9 @@ def _hyper_draws(res: FitResult, key, num_draws: int):
     guide = res.family.hyper_guide
     if guide is None:
         return {}
-    return guide.sample_posterior(key, res.params, sample_shape=(num_draws,))
+    draws = guide.sample_posterior(key, res.params, sample_shape=(num_draws,))
+    latent = {name for name, site in guide.prototype_trace.items() if site["type"] == "sample" and not site["is_observed"]}
+    return {k: v for k, v in draws.items() if k in latent}
 
 
 def _chunks(n: int, size: int):
