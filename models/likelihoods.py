@@ -13,6 +13,9 @@ q(f_i) = N(μ_i, σ_i²) of seed 000 eq. 6) and prediction need:
 ``mean`` and ``var`` are ``[N, L]`` with ``L = num_latent`` latent functions (``L = C`` classes for
 the categorical likelihoods, ``1`` otherwise). Likelihoods are immutable pytrees whose
 hyperparameters (e.g. the Gaussian noise variance) become NumPyro sites through ``realise``.
+Their methods are ``jax.jit``-compiled with the likelihood itself as a pytree argument, so an
+eager call (notebook, analysis) runs as one program instead of op by op; inside an outer
+``jit`` they simply inline.
 
 How each expectation is computed (DESIGN §3: analytic where possible, Gauss–Hermite for 1-D
 likelihoods, Monte Carlo only for the softmax):
@@ -32,12 +35,13 @@ RobustMax      analytic in P(f_y is the max),  same
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import gammaln, log_ndtr, logsumexp, ndtr
+from jax.scipy.special import gammaln, log_ndtr, logsumexp
 from numpyro.distributions import constraints
 
 from models.errors import DataError, HyperparameterError, InvalidArgumentError, as_float_array, is_concrete
@@ -45,7 +49,7 @@ from models.parameters import Fixed, Parameterised, hyper, pytree_dataclass, sta
 
 __all__ = ["Bernoulli", "Gaussian", "Likelihood", "Poisson", "RobustMax", "Softmax"]
 
-LOG_2PI = float(np.log(2.0 * np.pi))
+LOG_2PI = math.log(2.0 * math.pi)
 
 #: Key used by the Monte Carlo *predictions* of ``Softmax`` when the caller passes none, so that
 #: predictions are reproducible. Training (``variational_expectation``) always needs a real key.
@@ -167,17 +171,20 @@ class Gaussian(Likelihood):
 
     noise_variance: Any = hyper(1.0)
 
+    @jax.jit
     def variational_expectation(self, y, mean, var, key=None):
         # y [N], mean/var [N, 1] -> [N]
         noise = self.resolved().noise_variance
-        mu, v = mean[:, 0], var[:, 0]
+        y, mu, v = jnp.asarray(y, mean.dtype), mean[:, 0], var[:, 0]
         return -0.5 * (LOG_2PI + jnp.log(noise) + ((y - mu) ** 2 + v) / noise)
 
+    @jax.jit
     def predict_mean_and_var(self, mean, var):
         return mean, var + self.resolved().noise_variance
 
+    @jax.jit
     def predict_log_density(self, y, mean, var, key=None):
-        mu, v = mean[:, 0], var[:, 0] + self.resolved().noise_variance  # [N]
+        y, mu, v = jnp.asarray(y, mean.dtype), mean[:, 0], var[:, 0] + self.resolved().noise_variance  # [N]
         return -0.5 * (LOG_2PI + jnp.log(v) + (y - mu) ** 2 / v)
 
 
@@ -223,26 +230,30 @@ class Bernoulli(Likelihood):
             lambda f: self._log_link(sign[:, None] * f), mu, v, self.num_gauss_hermite
         )
 
+    @jax.jit
     def variational_expectation(self, y, mean, var, key=None):
         # y [N], mean/var [N, 1] -> [N]
-        sign = 2.0 * jnp.asarray(y) - 1.0  # [N]
+        sign = 2.0 * jnp.asarray(y, mean.dtype) - 1.0  # [N]
         return _gauss_hermite_expectation(
             lambda f: self._log_link(sign[:, None] * f), mean[:, 0], var[:, 0], self.num_gauss_hermite
         )
 
+    @jax.jit
     def predict_probs(self, mean, var, key=None):
         """[p(y*=0), p(y*=1)] per datum, ``[N, 2]``."""
         ones = jnp.ones(mean.shape[:1], mean.dtype)  # [N]
         log_p = jnp.stack([self._log_predictive(-ones, mean, var), self._log_predictive(ones, mean, var)], -1)
         return jnp.exp(log_p)  # [N, 2]
 
+    @jax.jit
     def predict_mean_and_var(self, mean, var):
         """Mean p(y*=1) and variance p(1 − p) of the Bernoulli predictive, each ``[N, 1]``."""
         p = self.predict_probs(mean, var)[:, 1:]  # [N, 1]
         return p, p * (1.0 - p)
 
+    @jax.jit
     def predict_log_density(self, y, mean, var, key=None):
-        return self._log_predictive(2.0 * jnp.asarray(y) - 1.0, mean, var)  # [N]
+        return self._log_predictive(2.0 * jnp.asarray(y, mean.dtype) - 1.0, mean, var)  # [N]
 
 
 # --------------------------------------------------------------------------- Poisson
@@ -275,20 +286,22 @@ class Poisson(Likelihood):
         return _check_counts(y)
 
     def _log_lik(self, y, f):
-        return y * (f + np.log(self.binsize)) - self.binsize * jnp.exp(f) - gammaln(y + 1.0)
+        return y * (f + math.log(self.binsize)) - self.binsize * jnp.exp(f) - gammaln(y + 1.0)
 
+    @jax.jit
     def variational_expectation(self, y, mean, var, key=None):
         # y [N], mean/var [N, 1] -> [N]
-        y = jnp.asarray(y)
-        mu, v = mean[:, 0], var[:, 0]
-        return y * (mu + np.log(self.binsize)) - self.binsize * jnp.exp(mu + 0.5 * v) - gammaln(y + 1.0)
+        y, mu, v = jnp.asarray(y, mean.dtype), mean[:, 0], var[:, 0]
+        return y * (mu + math.log(self.binsize)) - self.binsize * jnp.exp(mu + 0.5 * v) - gammaln(y + 1.0)
 
+    @jax.jit
     def predict_mean_and_var(self, mean, var):
         expected = self.binsize * jnp.exp(mean + 0.5 * var)  # [N, 1]
         return expected, expected + jnp.expm1(var) * expected**2
 
+    @jax.jit
     def predict_log_density(self, y, mean, var, key=None):
-        y = jnp.asarray(y)[:, None]  # [N, 1] against nodes [N, Q]
+        y = jnp.asarray(y, mean.dtype)[:, None]  # [N, 1] against nodes [N, Q]
         return _gauss_hermite_log_marginal(lambda f: self._log_lik(y, f), mean[:, 0], var[:, 0], self.num_gauss_hermite)
 
 
@@ -317,6 +330,7 @@ class _Categorical(Likelihood):
         """Labels as an integer array ``[N]`` with values in [0, num_classes)."""
         return _check_classes(y, self.num_classes)
 
+    @jax.jit
     def predict_mean_and_var(self, mean, var):
         """Moments of the one-hot y*: mean p(y*=c) and variance p(1 − p), each ``[N, C]``."""
         p = self.predict_probs(mean, var)
@@ -355,6 +369,7 @@ class Softmax(_Categorical):
     def _prediction_key(key):
         return jax.random.PRNGKey(DEFAULT_PREDICTION_KEY) if key is None else key
 
+    @jax.jit
     def variational_expectation(self, y, mean, var, key=None):
         # y [N], mean/var [N, C] -> [N]
         if key is None:
@@ -367,15 +382,17 @@ class Softmax(_Categorical):
         labels = jnp.asarray(y).astype(jnp.int32)  # [N]
         return jnp.mean(jnp.take_along_axis(log_p, labels[None, :, None], axis=-1)[..., 0], axis=0)
 
+    @jax.jit
     def predict_probs(self, mean, var, key=None):
         log_p = self._log_softmax_samples(mean, var, self._prediction_key(key))  # [S, N, C]
         return jnp.mean(jnp.exp(log_p), axis=0)  # [N, C]
 
+    @jax.jit
     def predict_log_density(self, y, mean, var, key=None):
         log_p = self._log_softmax_samples(mean, var, self._prediction_key(key))  # [S, N, C]
         labels = jnp.asarray(y).astype(jnp.int32)  # [N]
         log_p_y = jnp.take_along_axis(log_p, labels[None, :, None], axis=-1)[..., 0]  # [S, N]
-        return logsumexp(log_p_y, axis=0) - np.log(self.num_mc_samples)
+        return logsumexp(log_p_y, axis=0) - math.log(self.num_mc_samples)
 
 
 @pytree_dataclass
@@ -417,26 +434,29 @@ class RobustMax(_Categorical):
         log_cdf = jnp.where(onehot[:, None, :], 0.0, log_ndtr(z))  # the j = y factor is left out
         return logsumexp(jnp.sum(log_cdf, axis=-1) + log_w, axis=-1)  # [N]
 
-    def _hit_and_miss(self):
+    def _hit_and_miss(self, dtype):
         """p(y=c|f) when c is the argmax (1 − ε) and when it is not (ε / (C − 1))."""
-        eps = self.resolved().epsilon
+        eps = jnp.asarray(self.resolved().epsilon, dtype)
         return 1.0 - eps, eps / (self.num_classes - 1)
 
+    @jax.jit
     def variational_expectation(self, y, mean, var, key=None):
         # y [N], mean/var [N, C] -> [N]
         p_max = jnp.exp(self._log_prob_is_max(jnp.asarray(y).astype(jnp.int32), mean, var))  # [N]
-        hit, miss = self._hit_and_miss()
+        hit, miss = self._hit_and_miss(p_max.dtype)
         return p_max * jnp.log(hit) + (1.0 - p_max) * jnp.log(miss)
 
+    @jax.jit
     def predict_probs(self, mean, var, key=None):
         num_data = mean.shape[0]
         p_max = jax.vmap(
             lambda c: jnp.exp(self._log_prob_is_max(jnp.full((num_data,), c), mean, var)), out_axes=1
         )(jnp.arange(self.num_classes))  # [N, C]
-        hit, miss = self._hit_and_miss()
+        hit, miss = self._hit_and_miss(p_max.dtype)
         return miss + p_max * (hit - miss)
 
+    @jax.jit
     def predict_log_density(self, y, mean, var, key=None):
         p_max = jnp.exp(self._log_prob_is_max(jnp.asarray(y).astype(jnp.int32), mean, var))  # [N]
-        hit, miss = self._hit_and_miss()
+        hit, miss = self._hit_and_miss(p_max.dtype)
         return jnp.log(miss + p_max * (hit - miss))  # miss > 0 keeps the log finite
