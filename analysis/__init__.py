@@ -1,0 +1,34 @@
+"""Evaluation side of gpzoo: what the results mean (DESIGN §2).
+
+>>> from analysis import to_datatree, compare_elbo, calibration, report, datasets
+
+``to_datatree`` turns a fit into an ArviZ DataTree, ``compare_elbo`` ranks fits by ELBO
+(``analysis.compare`` also has PSIS-LOO), ``calibration`` scores predictions, ``report`` writes
+an HTML/Markdown/CSV report (``analysis.report.rebuild_report`` regenerates one from disk) and
+``datasets`` loads the offline datasets.
+
+``report`` here is the *function* (its module is ``analysis.report``); it is bound eagerly so the
+name means the same whatever was imported first. The JAX-heavy ``to_datatree`` and
+``compare_elbo`` load on first use, so ``import analysis.datasets`` stays light.
+"""
+
+from analysis import calibration, datasets
+from analysis.report import report
+
+__all__ = ["calibration", "compare_elbo", "datasets", "report", "to_datatree"]
+
+_LAZY = {"to_datatree": "analysis.datatree", "compare_elbo": "analysis.compare"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib  # noqa: PLC0415
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'analysis' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_LAZY])

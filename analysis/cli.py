@@ -1,0 +1,268 @@
+"""The ``gpzoo`` command: list models and datasets, fit and compare models, (re)build reports.
+
+::
+
+    gpzoo list
+    gpzoo fit     --data two-moons --model svgp-rbf --out reports/moons
+    gpzoo compare --data rectangles --models svgp-rbf,conv,weighted-conv --out reports/rectangles
+    gpzoo report  reports/rectangles        # rebuild every file from the saved DataTrees
+
+Thin by design: it loads a dataset, builds specs from the zoo with the dataset's facts, calls
+``inference.fit`` (progress bars) and ``analysis.report.report``, and prints a summary table.
+Every failure is one line on stderr (``gpzoo: error: ...``) and a non-zero exit status:
+2 for bad usage (unknown model or dataset, incompatible pair, bad option), 1 for a failure while
+running (unwritable directory, diverged fit, broken report directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["main"]
+
+DEFAULT_DATA = "rectangles"
+DEFAULT_MODELS = "svgp-rbf,conv,weighted-conv"
+#: Defaults sized so that ``gpzoo compare`` with no options finishes in < 5 minutes on 2 CPU cores.
+DEFAULTS = {"steps": 300, "batch_size": 100, "num_inducing": 16, "learning_rate": 0.02, "num_draws": 200}
+EXIT_USAGE, EXIT_FAILURE = 2, 1
+
+
+class UsageError(Exception):
+    """A bad request from the user (exit status 2)."""
+
+
+# ----------------------------------------------------------------------------- argument parsing
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line (no usage dump) and raise instead of exiting."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+
+def _add_fit_options(parser, *, data_default):
+    parser.add_argument("--data", default=data_default, required=data_default is None,
+                        help=f"dataset name (see `gpzoo list`){'' if data_default is None else f'; default {data_default}'}")
+    parser.add_argument("--out", required=True, type=Path, help="output directory of the report")
+    parser.add_argument("--steps", type=_non_negative_int, default=DEFAULTS["steps"], help="optimisation steps per model (default %(default)s)")
+    parser.add_argument("--batch-size", type=_positive_int, default=DEFAULTS["batch_size"],
+                        help="minibatch size, capped at the training-set size (default %(default)s)")
+    parser.add_argument("--seed", type=_non_negative_int, default=0, help="seed of data generation and fitting (default 0)")
+    parser.add_argument("--num-inducing", type=_positive_int, default=DEFAULTS["num_inducing"],
+                        help="inducing points / patches per model (default %(default)s)")
+    parser.add_argument("--learning-rate", type=_positive_float, default=DEFAULTS["learning_rate"], help="Adam learning rate (default %(default)s)")
+    parser.add_argument("--num-train", type=_positive_int, default=None,
+                        help="training points (a dataset option where it has one, else a seeded subsample; default: all)")
+    parser.add_argument("--num-test", type=_positive_int, default=None,
+                        help="test points (as --num-train; default: all)")
+    parser.add_argument("--num-draws", type=_positive_int, default=DEFAULTS["num_draws"],
+                        help="posterior draws of u stored per model (default %(default)s)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gpzoo", description="Structured-kernel Gaussian processes: fit, compare, report.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub.add_parser("list", help="list models and datasets with one-line descriptions")
+    fit_p = sub.add_parser("fit", help="fit one model on one dataset and write its report")
+    fit_p.add_argument("--model", required=True, help="model name (see `gpzoo list`)")
+    _add_fit_options(fit_p, data_default=None)
+    cmp_p = sub.add_parser("compare", help="fit several models on one dataset and write a comparison report")
+    cmp_p.add_argument("--models", default=DEFAULT_MODELS, help="comma-separated model names (default %(default)s)")
+    _add_fit_options(cmp_p, data_default=DEFAULT_DATA)
+    rep_p = sub.add_parser("report", help="rebuild a report directory from its saved DataTrees (no refitting)")
+    rep_p.add_argument("dir", type=Path, help="a directory written by `gpzoo fit` or `gpzoo compare`")
+    return parser
+
+
+# ----------------------------------------------------------------------------- commands
+def _cmd_list(args, out) -> int:
+    from analysis import datasets  # noqa: PLC0415 - deferred: keeps `gpzoo --help` fast
+    from models import zoo  # noqa: PLC0415
+
+    for title, items in (("Models", zoo.describe()), ("Datasets", datasets.describe())):
+        print(f"{title}:", file=out)
+        width = max(len(n) for n in items)
+        for name, text in items.items():
+            print(f"  {name:<{width}}  {text}", file=out)
+    return 0
+
+
+def _load_data(args):
+    """The dataset, with train/test subsampled to --num-train/--num-test (loader options when it has them)."""
+    from analysis import datasets  # noqa: PLC0415
+
+    if args.data not in datasets.names():
+        raise UsageError(f"unknown dataset {args.data!r}; valid: {', '.join(datasets.names())}")
+    options = datasets.dataset_options(args.data)
+    kwargs = {k: getattr(args, k) for k in ("num_train", "num_test") if k in options and getattr(args, k) is not None}
+    ds = datasets.load(args.data, seed=args.seed, **kwargs)
+    rng = np.random.default_rng(args.seed)
+
+    def subset(X, y, n):
+        if n is None or n >= len(y):
+            return np.asarray(X), np.asarray(y)
+        idx = np.sort(rng.choice(len(y), n, replace=False))
+        return np.asarray(X)[idx], np.asarray(y)[idx]
+
+    X_train, y_train = subset(ds.X_train, ds.y_train, args.num_train)
+    X_test, y_test = subset(ds.X_test, ds.y_test, args.num_test)
+    return ds, X_train, y_train, X_test, y_test
+
+
+def _build_spec(name: str, ds, num_inducing: int):
+    """zoo.get(name, ...) with the dataset's facts (input_dim, task, num_classes, image_shape,
+    num_inducing); a fact the builder does not take is dropped."""
+    from models import zoo  # noqa: PLC0415
+    from models.errors import InvalidArgumentError  # noqa: PLC0415
+
+    if name not in zoo.names():
+        raise UsageError(f"unknown model {name!r}; valid: {', '.join(zoo.names())}")
+    options = {"input_dim": ds.num_features, "task": ds.task, "num_classes": ds.num_classes,
+               "image_shape": ds.image_shape, "num_inducing": num_inducing}
+    incompatible = f"model {name!r} needs image data but dataset {ds.name!r} is tabular (no image_shape)"
+    while True:
+        try:
+            spec = zoo.get(name, **options)
+            break
+        except InvalidArgumentError as exc:
+            if exc.argument in options and "takes no option" in str(exc):
+                del options[exc.argument]  # a builder that does not use this dataset fact
+                continue
+            if ds.image_shape is None and exc.argument in ("image_shape", "patch_shape"):
+                raise UsageError(incompatible) from None
+            raise UsageError(f"model {name!r} cannot be built for dataset {ds.name!r}: {exc}") from None
+    if spec.input_kind == "image" and ds.image_shape is None:
+        raise UsageError(incompatible)
+    if spec.input_kind == "tabular" and ds.image_shape is not None:
+        raise UsageError(f"model {name!r} is for tabular data but dataset {ds.name!r} holds images {ds.image_shape}")
+    return spec
+
+
+def _fit_and_report(args, model_names: list[str], out) -> int:
+    from analysis.report import check_writable, report, summary_columns  # noqa: PLC0415
+    from inference.fit import fit  # noqa: PLC0415
+
+    if len(set(model_names)) != len(model_names):
+        raise UsageError(f"--models lists a model twice: {','.join(model_names)}")
+    ds, X_train, y_train, X_test, y_test = _load_data(args)
+    specs = {name: _build_spec(name, ds, args.num_inducing) for name in model_names}  # all checked before fitting
+    check_writable(args.out)
+    batch_size = min(args.batch_size, len(y_train))
+    results = {}
+    t0 = time.perf_counter()
+    for name, spec in specs.items():
+        results[name] = fit(spec, X_train, y_train, steps=args.steps, batch_size=batch_size, seed=args.seed,
+                            learning_rate=args.learning_rate, progress=not args.quiet)
+    fit_seconds = time.perf_counter() - t0
+    path = report(results, args.out, X_test=X_test, y_test=y_test, dataset=ds, num_draws=args.num_draws, seed=args.seed)
+    _print_summary(path.parent, out, summary_columns)
+    print(f"fitted {len(results)} model(s) in {fit_seconds:.1f} s, total {time.perf_counter() - t0:.1f} s; "
+          f"report: {path}", file=out)
+    return 0
+
+
+def _print_summary(out_dir: Path, out, summary_columns) -> None:
+    import pandas as pd  # noqa: PLC0415
+
+    table = pd.read_csv(out_dir / "comparison.csv", index_col="model")
+    with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.4g}".format):
+        print(table[summary_columns(table)].to_string(), file=out)
+    verdict = (out_dir / "report.md").read_text(encoding="utf-8").split("**")[1]
+    print(verdict, file=out)
+
+
+def _cmd_fit(args, out) -> int:
+    return _fit_and_report(args, [args.model], out)
+
+
+def _cmd_compare(args, out) -> int:
+    names = [n.strip() for n in args.models.split(",") if n.strip()]
+    if not names:
+        raise UsageError("--models: give at least one model name")
+    return _fit_and_report(args, names, out)
+
+
+def _cmd_report(args, out) -> int:
+    from analysis.report import rebuild_report, summary_columns  # noqa: PLC0415
+
+    path = rebuild_report(args.dir)
+    _print_summary(path.parent, out, summary_columns)
+    print(f"report: {path}", file=out)
+    return 0
+
+
+_COMMANDS = {"list": _cmd_list, "fit": _cmd_fit, "compare": _cmd_compare, "report": _cmd_report}
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return " ".join(text.split())
+
+
+def main(argv=None) -> int:
+    """Entry point of the ``gpzoo`` console script; returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        print(f"gpzoo: error: {_one_line(exc)} (see gpzoo --help)", file=sys.stderr)
+        return EXIT_USAGE
+    import matplotlib  # noqa: PLC0415 - figures are written to files: no display needed
+
+    matplotlib.use("Agg")
+    from models.errors import GPZooError  # noqa: PLC0415
+
+    try:
+        return _COMMANDS[args.command](args, sys.stdout)
+    except UsageError as exc:
+        print(f"gpzoo: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyError as exc:  # UnknownModelError / UnknownDatasetError raised deeper down
+        print(f"gpzoo: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except (GPZooError, OSError, ValueError) as exc:
+        print(f"gpzoo: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print("gpzoo: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""Model comparison: full-data ELBO with its Monte Carlo error, and PSIS-LOO of the approximate posterior.
+
+Two rankings of the same fitted models, which need not agree:
+
+* :func:`compare_elbo` — the evidence lower bound (seed 000 eq. 5) on the same data, best first,
+  with its MC standard error, ΔELBO to the best and ELBO per datum. It ranks how well each model
+  *explains* the training data, penalised by KL[q(u) || p(u)].
+* :func:`compare_loo` — PSIS-LOO (Vehtari et al. 2017) of the predictive p(y_i | y_-i), estimated
+  from draws u_s ~ q(u) importance-weighted towards the target p(u | y) with
+  ``az.loo_approximate_posterior`` (Magnusson et al. 2019), ranked by ``az.compare``, with the
+  Pareto-k diagnostics of every model. It ranks how well each model *predicts* held-out points.
+
+:func:`ranking_disagreements` says where the two orders differ, so that a report can say so.
+The tables are built from plain estimates (:func:`elbo_table`) so a saved report can rebuild
+them without refitting.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+from matplotlib.figure import Figure
+
+from analysis.datatree import LOO_VAR_NAME
+from inference.fit import FitResult, evaluate_elbo
+from models.errors import InvalidArgumentError
+
+__all__ = [
+    "compare_elbo",
+    "compare_loo",
+    "elbo_estimates",
+    "elbo_table",
+    "elbo_traces_figure",
+    "loo_approximate",
+    "ranking_disagreements",
+    "heldout_elpd",
+]
+
+
+# ----------------------------------------------------------------------------- ELBO
+def _check_mapping(items, argument: str, kind) -> dict:
+    if not isinstance(items, Mapping) or not items:
+        raise InvalidArgumentError(argument, f"expected a non-empty dict {{name: {kind.__name__}}}, got {type(items).__name__}")
+    for name, value in items.items():
+        if not isinstance(value, kind):
+            raise InvalidArgumentError(argument, f"entry {name!r} is a {type(value).__name__}, expected {kind.__name__}")
+    return dict(items)
+
+
+def elbo_estimates(results: Mapping[str, FitResult], X=None, y=None, *, num_samples: int = 32,
+                   seed: int = 0) -> dict[str, dict]:
+    """``{name: {elbo, elbo_se, expected_log_lik, kl, num_data, num_samples}}`` on the same data.
+
+    Without ``X``/``y`` every model must have been fitted on the same training data (otherwise
+    their ELBOs bound different evidences and are not comparable).
+    """
+    results = _check_mapping(results, "results", FitResult)
+    if (X is None) != (y is None):
+        raise InvalidArgumentError("X" if X is None else "y", "pass both X and y, or neither (training data)")
+    if X is None:
+        first = next(iter(results.values()))
+        for name, res in results.items():
+            same = res.X_train.shape == first.X_train.shape and np.array_equal(res.X_train, first.X_train) \
+                and np.array_equal(res.y_train, first.y_train)
+            if not same:
+                raise InvalidArgumentError(
+                    "results", f"model {name!r} was fitted on different data than the others; pass X and y to compare on common data"
+                )
+    out = {}
+    for name, res in results.items():
+        est = evaluate_elbo(res, X, y, num_samples=num_samples, seed=seed)
+        n = res.num_data if X is None else int(np.shape(X)[0])
+        out[name] = {"elbo": est.elbo, "elbo_se": est.stderr, "expected_log_lik": est.expected_log_lik,
+                     "kl": est.kl, "num_data": n, "num_samples": est.num_samples}
+    return out
+
+
+def elbo_table(estimates: Mapping[str, Mapping]) -> pd.DataFrame:
+    """Ranked ELBO table (best first) from :func:`elbo_estimates`-style entries.
+
+    ``d_elbo`` is the best ELBO minus each model's (≥ 0) and ``d_elbo_se`` its MC standard error
+    (independent draws per model: √(se_best² + se²)).
+    """
+    if not estimates:
+        raise InvalidArgumentError("estimates", "needs at least one model")
+    df = pd.DataFrame.from_dict({k: dict(v) for k, v in estimates.items()}, orient="index")
+    df.index.name = "model"
+    df = df.sort_values("elbo", ascending=False, kind="stable")
+    best = df.iloc[0]
+    df.insert(0, "rank", np.arange(len(df)))
+    df["d_elbo"] = best["elbo"] - df["elbo"]
+    df["d_elbo_se"] = np.sqrt(best["elbo_se"] ** 2 + df["elbo_se"] ** 2)
+    df.loc[df.index[0], "d_elbo_se"] = 0.0
+    df["elbo_per_datum"] = df["elbo"] / df["num_data"]
+    columns = ["rank", "elbo", "elbo_se", "d_elbo", "d_elbo_se", "elbo_per_datum", "expected_log_lik", "kl",
+               "num_data", "num_samples"]
+    return df[[c for c in columns if c in df.columns]]
+
+
+def compare_elbo(results: Mapping[str, FitResult], X=None, y=None, *, num_samples: int = 32,
+                 seed: int = 0) -> pd.DataFrame:
+    """Rank fitted models by full-data ELBO (best first) with MC standard errors.
+
+    Columns: ``rank``, ``elbo``, ``elbo_se``, ``d_elbo`` (to the best), ``d_elbo_se``,
+    ``elbo_per_datum``, ``expected_log_lik``, ``kl``, ``num_data``, ``num_samples``.
+    """
+    return elbo_table(elbo_estimates(results, X, y, num_samples=num_samples, seed=seed))
+
+
+# ----------------------------------------------------------------------------- PSIS-LOO
+def _check_tree(dt, name: str) -> xr.DataTree:
+    if not isinstance(dt, xr.DataTree):
+        raise InvalidArgumentError("datatrees", f"entry {name!r} is a {type(dt).__name__}, expected an xarray DataTree")
+    if "sample_stats" not in dt.children or "log_p" not in dt["sample_stats"].data_vars:
+        raise InvalidArgumentError(
+            "datatrees", f"entry {name!r} has no sample_stats.log_p (built with include_train=False?); PSIS-LOO needs the training points"
+        )
+    return dt
+
+
+def loo_approximate(dt: xr.DataTree, *, var_name: str = LOO_VAR_NAME):
+    """PSIS-LOO of the training points, corrected for sampling from q (``az.loo_approximate_posterior``).
+
+    The log weights are log p(u_s, y) − log q(u_s) − log p(y_i | u_s), so the LOO predictive is
+    that of the target posterior p(u | y), not of q. Returns ArviZ's ``ELPDDataLOO`` (pointwise,
+    with ``pareto_k``). ArviZ's Pareto-k warnings are silenced: the k values are returned.
+    """
+    from arviz_stats import loo_approximate_posterior
+
+    _check_tree(dt, "dt")
+    stats = dt["sample_stats"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return loo_approximate_posterior(dt, stats["log_p"], stats["log_q"], pointwise=True, var_name=var_name)
+
+
+def heldout_elpd(dt: xr.DataTree, var_name: str = "y") -> tuple[float, float]:
+    """Held-out elpd Σ_n log mean_s p(y_n | u_s) of the test points and its standard error √N·sd."""
+    log_lik = dt["log_likelihood"][var_name]  # [chain, draw, obs_test]
+    values = log_lik.values.reshape(-1, log_lik.shape[-1])  # [S, T]
+    m = values.max(axis=0)
+    pointwise = m + np.log(np.mean(np.exp(values - m), axis=0))  # [T]
+    return float(pointwise.sum()), float(math.sqrt(len(pointwise)) * pointwise.std(ddof=1)) if len(pointwise) > 1 else 0.0
+
+
+def compare_loo(datatrees: Mapping[str, xr.DataTree], *, method: str = "stacking") -> pd.DataFrame:
+    """Rank models by PSIS-LOO (``az.compare`` on :func:`loo_approximate`), best first.
+
+    ArviZ's columns (``rank``, ``elpd``, ``p``, ``elpd_diff``, ``weight``, ``se``, ``dse``,
+    ``warning``, ...) plus the Pareto-k diagnostics (``pareto_k_max``, ``num_bad_k`` = points with
+    k above ArviZ's ``good_k`` threshold, ``good_k``) and the held-out ``elpd_test`` ± ``elpd_test_se``.
+    """
+    import arviz as az
+
+    datatrees = _check_mapping(datatrees, "datatrees", xr.DataTree)
+    loos = {name: loo_approximate(_check_tree(dt, name)) for name, dt in datatrees.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        if len(loos) > 1:
+            table = az.compare(loos, method=method)
+        else:
+            (name, loo), = loos.items()
+            table = pd.DataFrame({"rank": [0], "elpd": [loo.elpd], "p": [loo.p], "elpd_diff": [0.0], "weight": [1.0],
+                                  "se": [loo.se], "dse": [0.0], "warning": [loo.warning], "scale": [loo.scale]},
+                                 index=[name])
+    table.index.name = "model"
+    for name, loo in loos.items():
+        k = np.asarray(loo.pareto_k)
+        table.loc[name, "pareto_k_max"] = float(np.max(k))
+        table.loc[name, "num_bad_k"] = int(np.sum(k > loo.good_k))
+        table.loc[name, "good_k"] = float(loo.good_k)
+        table.loc[name, "elpd_test"], table.loc[name, "elpd_test_se"] = heldout_elpd(datatrees[name])
+    table["num_bad_k"] = table["num_bad_k"].astype(int)
+    table["rank"] = table["rank"].astype(int)
+    return table
+
+
+# ----------------------------------------------------------------------------- disagreement
+def ranking_disagreements(elbo: pd.DataFrame, loo: pd.DataFrame) -> list[str]:
+    """Sentences for every pair of models that ELBO and PSIS-LOO order differently (empty: they agree).
+
+    Each sentence gives both differences with their standard errors, so a reader can tell a
+    real disagreement from noise (|Δ| within ~2 SE).
+    """
+    common = [m for m in elbo.sort_values("rank").index if m in loo.index]
+    loo_rank = loo["rank"]
+    messages = []
+    for i, a in enumerate(common):
+        for b in common[i + 1:]:  # ELBO prefers a over b
+            if loo_rank[b] < loo_rank[a]:
+                d_elbo = elbo.loc[a, "elbo"] - elbo.loc[b, "elbo"]
+                se_elbo = math.hypot(elbo.loc[a, "elbo_se"], elbo.loc[b, "elbo_se"])
+                d_loo = loo.loc[b, "elpd"] - loo.loc[a, "elpd"]
+                se_loo = _pair_dse(loo, a, b)
+                messages.append(
+                    f"ELBO prefers {a} over {b} (ΔELBO {d_elbo:.2f} ± {se_elbo:.2f}) but PSIS-LOO prefers "
+                    f"{b} over {a} (Δelpd {d_loo:.2f} ± {se_loo:.2f})"
+                )
+    return messages
+
+
+def _pair_dse(loo: pd.DataFrame, a: str, b: str) -> float:
+    """SE of elpd_a − elpd_b: ArviZ's dse when one of them is the top model, else √(se_a² + se_b²)."""
+    top = loo.sort_values("rank").index[0]
+    if top in (a, b):
+        return float(loo.loc[b if top == a else a, "dse"])
+    return float(math.hypot(loo.loc[a, "se"], loo.loc[b, "se"]))
+
+
+# ----------------------------------------------------------------------------- figures
+def _trace(value) -> tuple[np.ndarray, int]:
+    """(ELBO per step ``[T]``, number of training points) of a FitResult or a saved DataTree."""
+    if isinstance(value, FitResult):
+        return np.asarray(value.elbo_history, np.float64), value.num_data
+    if isinstance(value, xr.DataTree):
+        return np.asarray(value["optimization"]["elbo"].values, np.float64), int(value.attrs.get("num_train", 1))
+    raise InvalidArgumentError("results", f"expected FitResult or DataTree values, got {type(value).__name__}")
+
+
+def elbo_traces_figure(results: Mapping[str, FitResult | xr.DataTree]) -> Figure:
+    """ELBO per datum against the optimisation step, one line per model (FitResults or saved DataTrees).
+
+    The y-range starts at the lowest 5 % quantile over models so the first steps do not flatten
+    the curves. Drawn without pyplot (no global state).
+    """
+    if not isinstance(results, Mapping) or not results:
+        raise InvalidArgumentError("results", "expected a non-empty dict {name: FitResult}")
+    fig = Figure(figsize=(7.0, 4.0), layout="constrained")
+    ax = fig.subplots()
+    lows, highs = [], []
+    for name, value in results.items():
+        trace, n = _trace(value)
+        per_datum = trace / max(n, 1)
+        ax.plot(np.arange(1, len(per_datum) + 1), per_datum, label=name, lw=1.2)
+        if len(per_datum):
+            lows.append(np.quantile(per_datum, 0.05))
+            highs.append(per_datum.max())
+    if lows:
+        lo, hi = min(lows), max(highs)
+        pad = 0.05 * (hi - lo if hi > lo else 1.0)
+        ax.set_ylim(lo - pad, hi + pad)
+    ax.set(xlabel="step", ylabel="ELBO / N (minibatch estimate)", title="Optimisation traces")
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    return fig

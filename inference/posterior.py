@@ -1,0 +1,262 @@
+"""Draws of the inducing outputs u ~ q(u) and the exact conditional p(f | u) of every SVGP family.
+
+What a posterior *sample* of a sparse GP means (used by :func:`analysis.to_datatree`):
+
+* u_s ~ q(u) — unwhitened inducing outputs ``[L, G·M]`` (a whitened guide draws v_s and
+  returns u_s = Luu v_s), with their log densities under q and under the prior p(u), both in
+  u-space (the Jacobian log|Luu| of the whitening is applied to both);
+* p(f_n | u) = N(Kfu Kuu⁻¹ u, Kff − Qff) (seed 000 eq. 6 with S = 0) for any inputs;
+* log p(y_n | u_s) = log ∫ p(y_n | f_n) p(f_n | u_s) df_n, which is exactly the likelihood's
+  ``predict_log_density(y_n, μ_n(u_s), σ²_n)`` (analytic or quadrature, as the likelihood decides);
+* replicated y_n ~ p(y_n | u_s) for posterior-predictive checks.
+
+Sampled hyperparameters θ (sites with a prior) are drawn from their guide first; each u_s is
+then drawn given θ_s and the log densities include log q(θ_s) and log p(θ_s). Only the M×M
+blocks of Kuu are factorised (``cholesky_with_jitter``); Kuf is computed in chunks of inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+from numpyro.handlers import condition, seed, substitute, trace
+
+from inference.fit import FitResult, _float_dtype
+from inference.inducing import Kuf
+from inference.linalg import block_solve
+from models.errors import InvalidArgumentError, ShapeError, as_float_array
+
+__all__ = ["InducingDraws", "PointwiseDraws", "conditional_given_u", "pointwise_given_u", "sample_inducing"]
+
+#: Rows of X handled at once when forming Kuf ``[G, M, rows]`` (bounds memory for conv kernels).
+CHUNK_ROWS = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class InducingDraws:
+    """S joint draws from the approximate posterior q(θ) q(u | θ) and their log densities."""
+
+    u: np.ndarray  # [S, L, GM] unwhitened inducing outputs
+    log_q: np.ndarray  # [S] log q(u_s) (+ log q(θ_s))
+    log_prior: np.ndarray  # [S] log p(u_s) (+ log p(θ_s))
+    hyper: dict[str, np.ndarray]  # site -> [S, ...] sampled hyperparameters; empty for type-II fits
+
+    @property
+    def num_draws(self) -> int:
+        return int(self.u.shape[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class PointwiseDraws:
+    """Per-draw, per-point quantities given u_s: log p(y_n | u_s) and a replicate y_n ~ p(y | u_s)."""
+
+    log_lik: np.ndarray  # [S, N]
+    y_rep: np.ndarray  # [S, N] (integers for classification / count likelihoods)
+
+
+# ----------------------------------------------------------------------------- helpers
+def _check_family(res: FitResult):
+    if not isinstance(res, FitResult):
+        raise InvalidArgumentError("res", f"expected a FitResult from inference.fit, got {type(res).__name__}")
+    family = res.family
+    for needed in ("parts", "posterior", "prior"):
+        if not hasattr(family, needed):
+            raise InvalidArgumentError(
+                "res", f"model {res.spec.name!r} (method {res.spec.method!r}) has no single inducing posterior q(u) to sample"
+            )
+    return family
+
+
+def _parts(family, params):
+    """The realised model (kernel, likelihood, Luu, q(u) parameters) at constrained ``params``."""
+    with substitute(data=params), seed(rng_seed=0):
+        return family.parts()
+
+
+def _blockdiag_times(Luu, v):
+    """``blockdiag(Luu) v``: Luu ``[G, M, M]``, v ``[..., L, GM]`` -> ``[..., L, GM]`` (u = Luu v)."""
+    G, M, _ = Luu.shape
+    vg = v.reshape(v.shape[:-1] + (G, M))  # [..., L, G, M]
+    return jnp.einsum("gij,...gj->...gi", Luu, vg).reshape(v.shape)
+
+
+def _sample_hyper(res: FitResult, key, num_draws: int) -> dict[str, jax.Array]:
+    """θ_s ~ q(θ) for the sites with a prior (empty dict for type-II fits)."""
+    guide = res.family.hyper_guide
+    if guide is None:
+        return {}
+    draws = guide.sample_posterior(key, res.params, sample_shape=(num_draws,))
+    sites = _hyper_sites(res)
+    return {k: v for k, v in draws.items() if k in sites}
+
+
+def _hyper_sites(res: FitResult) -> list[str]:
+    guide_tr = trace(seed(substitute(res.family.hyper_guide, data=res.params), 0)).get_trace(
+        jnp.asarray(res.X_train[:1]), jnp.asarray(res.y_train[:1], _float_dtype()), res.num_data
+    )
+    return [k for k, site in guide_tr.items() if site["type"] == "sample" and not site.get("is_observed")]
+
+
+def _hyper_log_densities(res: FitResult, values: dict, X1, y1):
+    """(log q(θ), log p(θ)) of one draw θ, read off traces of the hyper guide and the model."""
+    family = res.family
+    guide_tr = trace(substitute(condition(family.hyper_guide, values), data=res.params)).get_trace(X1, y1, res.num_data)
+    model_tr = trace(seed(substitute(condition(family.model, values), data=res.params), 0)).get_trace(X1, y1, res.num_data)
+    log_q = sum(jnp.sum(guide_tr[k]["fn"].log_prob(v)) for k, v in values.items())
+    log_p = sum(jnp.sum(model_tr[k]["fn"].log_prob(v)) for k, v in values.items())
+    return log_q, log_p
+
+
+def _check_inputs(res: FitResult, X, argument: str = "X") -> np.ndarray:
+    X = as_float_array(X, argument, ndim=2)
+    if X.shape[1] != res.X_train.shape[1]:
+        raise ShapeError(argument, f"has {X.shape[1]} columns; the model was fitted on {res.X_train.shape[1]}")
+    check = getattr(res.spec.kernel, "validate_inputs", None)
+    if check is not None:
+        check(X)
+    return X.astype(_float_dtype())
+
+
+def _check_draws(res: FitResult, draws: InducingDraws) -> None:
+    if not isinstance(draws, InducingDraws):
+        raise InvalidArgumentError("draws", f"expected InducingDraws from sample_inducing, got {type(draws).__name__}")
+    expected = tuple(np.shape(res.params["q_mu"]))
+    if tuple(draws.u.shape[1:]) != expected:
+        raise ShapeError("draws", f"u has shape {draws.u.shape}, expected [S, {expected[0]}, {expected[1]}] for this model")
+
+
+# ----------------------------------------------------------------------------- q(u) draws
+def sample_inducing(res: FitResult, num_draws: int, key) -> InducingDraws:
+    """Draw (θ_s, u_s) ~ q(θ) q(u | θ), s = 1..S, with log q and log p(u) (+ log p(θ)) of each."""
+    family = _check_family(res)
+    if not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
+        raise InvalidArgumentError("num_draws", f"must be a positive integer, got {num_draws!r}")
+    key_h, key_u = jax.random.split(key)
+    hyper = _sample_hyper(res, key_h, num_draws)
+    X1 = jnp.asarray(res.X_train[:1])
+    y1 = jnp.asarray(res.y_train[:1], _float_dtype())
+
+    def one(h, key):
+        parts = _parts(family, {**res.params, **h})
+        q, p = family.posterior(parts), family.prior(parts)
+        w = q.sample(key)  # [L, GM]  (v when whitened)
+        log_q, log_p = q.log_prob(w), p.log_prob(w)
+        if res.spec.whiten:
+            # u = Luu v: both densities pick up the same Jacobian −L Σ log diag Luu
+            log_det = w.shape[0] * jnp.sum(jnp.log(jnp.diagonal(parts.Luu, axis1=-2, axis2=-1)))
+            w, log_q, log_p = _blockdiag_times(parts.Luu, w), log_q - log_det, log_p - log_det
+        if h:
+            hq, hp = _hyper_log_densities(res, h, X1, y1)
+            log_q, log_p = log_q + hq, log_p + hp
+        return w, log_q, log_p
+
+    keys = jax.random.split(key_u, num_draws)
+    u, log_q, log_p = jax.jit(jax.vmap(one))(hyper, keys)
+    return InducingDraws(
+        u=np.asarray(u), log_q=np.asarray(log_q, np.float64), log_prior=np.asarray(log_p, np.float64),
+        hyper={k: np.asarray(v) for k, v in hyper.items()},
+    )
+
+
+# ----------------------------------------------------------------------------- p(f | u)
+def _conditional(family, params, X, u):
+    """p(f | u) at X ``[n, D]`` for draws u ``[S, L, GM]``: mean ``[S, n, L]``, var ``[n]``."""
+    parts = _parts(family, params)
+    Kmn = Kuf(parts.inducing, parts.kernel, X)  # [G, M, n]
+    G, M, n = Kmn.shape
+    A = block_solve(parts.Luu, Kmn)  # [G, M, n]  Luu⁻¹ Kuf
+    var = parts.kernel.K_diag(X) - jnp.sum(A**2, axis=(0, 1))  # [n]  diag(Kff − Qff)
+    B = block_solve(parts.Luu, A, transpose=True).reshape(G * M, n)  # [GM, n]  Kuu⁻¹ Kuf
+    mean = jnp.einsum("slk,kn->snl", u, B)  # [S, n, L]
+    return mean, jnp.maximum(var, 0.0), parts.likelihood
+
+
+def _conditional_all(res: FitResult, X, draws: InducingDraws):
+    """mean ``[S, n, L]``, var ``[S, n, L]`` and the realised likelihood (θ_s-dependent when sampled)."""
+    family = res.family
+    L = draws.u.shape[1]
+    if not draws.hyper:
+        mean, var, likelihood = _conditional(family, res.params, X, jnp.asarray(draws.u))
+        return mean, jnp.broadcast_to(var[None, :, None], mean.shape[:2] + (L,)), likelihood, False
+
+    def one(h, u):  # u [L, GM]
+        mean, var, likelihood = _conditional(family, {**res.params, **h}, X, u[None])
+        return mean[0], jnp.broadcast_to(var[:, None], mean.shape[1:]), likelihood
+
+    mean, var, likelihood = jax.vmap(one)(draws.hyper, jnp.asarray(draws.u))
+    return mean, var, likelihood, True
+
+
+def conditional_given_u(res: FitResult, X, draws: InducingDraws):
+    """Marginals of p(f_n | u_s) at X ``[N, D]``: mean ``[S, N, L]`` and var ``[S, N, L]``.
+
+    The variance Kff − Qff does not depend on u; it is broadcast over draws (a view, no copy)
+    unless hyperparameters are sampled, when it changes with θ_s.
+    """
+    _check_family(res)
+    _check_draws(res, draws)
+    X = _check_inputs(res, X)
+    fn = jax.jit(lambda Xc: _conditional_all(res, Xc, draws)[:2])
+    means, vars_ = [], []
+    for start in range(0, X.shape[0], CHUNK_ROWS):
+        mean, var = fn(jnp.asarray(X[start : start + CHUNK_ROWS]))
+        means.append(np.asarray(mean))
+        vars_.append(np.asarray(var))
+    return np.concatenate(means, axis=1), np.concatenate(vars_, axis=1)
+
+
+# ----------------------------------------------------------------------------- p(y | u)
+def _replicate(likelihood, mean, var, key):
+    """y ~ p(y | u) = ∫ p(y | f) N(f; mean, var) df for one draw: mean/var ``[n, L]`` -> ``[n]``.
+
+    Exact for every classification likelihood (class probabilities of the marginal), for the
+    Gaussian (moments of N(mean, var + noise)) and for the Poisson (f drawn, then the count);
+    another regression likelihood is sampled from its moment-matched normal.
+    """
+    task = likelihood.task
+    key_f, key_y = jax.random.split(key)
+    if task in ("binary", "multiclass"):
+        probs = likelihood.predict_probs(mean, var, key=key_f)  # [n, C]
+        return jax.random.categorical(key_y, jnp.log(jnp.maximum(probs, 0.0)), axis=-1)
+    if task == "count":
+        f = mean + jnp.sqrt(var) * jax.random.normal(key_f, mean.shape, mean.dtype)  # [n, 1]
+        rate, _ = likelihood.predict_mean_and_var(f, jnp.zeros_like(f))  # E[y | f]
+        return jax.random.poisson(key_y, rate[:, 0])
+    y_mean, y_var = likelihood.predict_mean_and_var(mean, var)  # [n, 1]
+    return y_mean[:, 0] + jnp.sqrt(y_var[:, 0]) * jax.random.normal(key_y, y_mean.shape[:1], y_mean.dtype)
+
+
+def pointwise_given_u(res: FitResult, X, y, draws: InducingDraws, key) -> PointwiseDraws:
+    """log p(y_n | u_s) ``[S, N]`` via ``likelihood.predict_log_density(y_n, μ_n(u_s), σ²_n)`` and
+    replicates y_n ~ p(y_n | u_s) ``[S, N]``, in chunks of ``CHUNK_ROWS`` inputs."""
+    _check_family(res)
+    _check_draws(res, draws)
+    X = _check_inputs(res, X)
+    y = res.spec.likelihood.validate_targets(y)
+    if y.shape[0] != X.shape[0]:
+        raise ShapeError("y", f"has {y.shape[0]} rows but X has {X.shape[0]}")
+    S = draws.num_draws
+
+    def chunk(Xc, yc, key):
+        mean, var, likelihood, per_draw = _conditional_all(res, Xc, draws)  # [S, n, L] each
+        keys = jax.random.split(key, 2 * S).reshape(2, S, -1)
+        lik_axis = 0 if per_draw else None
+        log_lik = jax.vmap(lambda lk, m, v, k: lk.predict_log_density(yc, m, v, key=k), in_axes=(lik_axis, 0, 0, 0))(
+            likelihood, mean, var, keys[0]
+        )  # [S, n]
+        y_rep = jax.vmap(_replicate, in_axes=(lik_axis, 0, 0, 0))(likelihood, mean, var, keys[1])  # [S, n]
+        return log_lik, y_rep
+
+    chunk = jax.jit(chunk)
+    y_j = jnp.asarray(y, _float_dtype())
+    logs, reps = [], []
+    for i, start in enumerate(range(0, X.shape[0], CHUNK_ROWS)):
+        sl = slice(start, start + CHUNK_ROWS)
+        log_lik, y_rep = chunk(jnp.asarray(X[sl]), y_j[sl], jax.random.fold_in(key, i))
+        logs.append(np.asarray(log_lik, np.float64))
+        reps.append(np.asarray(y_rep))
+    return PointwiseDraws(np.concatenate(logs, axis=1), np.concatenate(reps, axis=1))
