@@ -182,7 +182,8 @@ def fit(
     schedule = learning_rate if callable(learning_rate) else (lambda step: learning_rate)
     svi = SVI(family.model, family.guide, optax_to_numpyro(optimizer), TraceMeanField_ELBO())
     batches = _BatchSchedule(N, B, seed)
-    state = svi.init(key_svi, X_j[batches(0)], y_j[batches(0)], num_data=N)
+    init_idx = batches(0)
+    state = jax.jit(lambda key, Xb, yb: svi.init(key, Xb, yb, num_data=N))(key_svi, X_j[init_idx], y_j[init_idx])
     family.check_analytic_kl()
 
     start, elbo_hist, lr_hist = 0, [], []
@@ -196,14 +197,17 @@ def fit(
         start = int(config["step"])
         elbo_hist, lr_hist = list(history["elbo"]), list(history["learning_rate"])
 
-    def run_chunk(state, idx):  # idx [K, B]
-        def body(state, batch_idx):
-            state, loss = svi.update(state, X_j[batch_idx], y_j[batch_idx], num_data=N)
+    def run_chunk(state, idx, active):  # idx [K, B], active [K]: padded steps leave the state as is
+        def body(state, inputs):
+            batch_idx, on = inputs
+            new_state, loss = svi.update(state, X_j[batch_idx], y_j[batch_idx], num_data=N)
+            state = jax.tree_util.tree_map(lambda a, b: jnp.where(on, a, b), new_state, state)
             return state, loss
 
-        return jax.lax.scan(body, state, idx)
+        return jax.lax.scan(body, state, (idx, active))
 
     run_chunk = jax.jit(run_chunk)
+    get_params = jax.jit(svi.get_params)
     jitter_at = jax.jit(lambda params: _jitter_used(family, params))
     diagnostics = {"jitter": float(spec.jitter), "jitter_events": [], "dtype": str(np.dtype(_float_dtype())), "seconds": 0.0}
 
@@ -212,29 +216,39 @@ def fit(
             return
         save_checkpoint(
             checkpoint_dir,
-            params=svi.get_params(state),
+            params=get_params(state),
             state=state,
             history={"elbo": np.asarray(elbo_hist[:step]), "learning_rate": np.asarray(lr_hist[:step])},
             config={"model": spec.name, "step": step, "num_data": N, "batch_size": B, "seed": seed,
                     "jitter_events": diagnostics["jitter_events"]},
         )
 
+    def record_jitter(step, state):
+        jitter = float(jitter_at(get_params(state)))
+        if jitter > spec.jitter * 1.0001:
+            diagnostics["jitter_events"].append({"step": step, "jitter": jitter})
+
+    record_jitter(start, state)
+    chunk = max(1, min(chunk_size, steps))  # one compiled scan length for the whole run
     bar = tqdm(total=steps, initial=start, desc=f"fit {spec.name}", disable=not progress, unit="step", leave=False)
     t0 = time.perf_counter()
     step = start
     try:
         while step < steps:
-            k = min(chunk_size, steps - step, checkpoint_every - step % checkpoint_every)
-            idx = np.stack([batches(s) for s in range(step, step + k)])  # [k, B]
-            new_state, losses = run_chunk(state, idx)
-            losses = np.asarray(losses)
+            k = min(chunk, steps - step, checkpoint_every - step % checkpoint_every)
+            idx = np.stack([batches(s) for s in range(step, step + k)] + [batches(step)] * (chunk - k))  # [chunk, B]
+            new_state, losses = run_chunk(state, idx, np.arange(chunk) < k)
+            losses = np.asarray(losses)[:k]
             if not np.all(np.isfinite(losses)):
+                # the loss at step `bad` is evaluated at the parameters the update of step bad-1
+                # produced, so the last state known to be good is the one at step bad-1
                 bad = step + int(np.argmin(np.isfinite(losses)))
-                state = _advance(svi, state, X_j, y_j, N, batches, step, bad)
-                elbo_hist.extend((-losses[: bad - step]).tolist())
-                lr_hist.extend(float(schedule(s)) for s in range(step, bad))
-                checkpoint(bad, state)
-                where = f"; last good checkpoint (step {bad}) in {checkpoint_dir}" if checkpoint_dir else ""
+                good = max(bad - 1, start)
+                state = _advance(svi, state, X_j, y_j, N, batches, step, good)
+                elbo_hist.extend((-losses[: good - step]).tolist())
+                lr_hist.extend(float(schedule(s)) for s in range(step, good))
+                checkpoint(good, state)
+                where = f"; last good checkpoint (step {good}) in {checkpoint_dir}" if checkpoint_dir else ""
                 raise TrainingError(
                     f"loss became {losses[bad - step]} at step {bad} of {spec.name!r}{where}. "
                     "Try a smaller learning_rate or larger jitter.",
@@ -245,9 +259,7 @@ def fit(
             elbo_hist.extend((-losses).tolist())
             lr_hist.extend(float(schedule(s)) for s in range(step, step + k))
             step += k
-            jitter = float(jitter_at(svi.get_params(state)))
-            if jitter > spec.jitter * 1.0001:
-                diagnostics["jitter_events"].append({"step": step, "jitter": jitter})
+            record_jitter(step, state)
             if step % checkpoint_every == 0 or step == steps:
                 checkpoint(step, state)
             bar.update(k)
@@ -256,7 +268,7 @@ def fit(
         bar.close()
     diagnostics["seconds"] = time.perf_counter() - t0
     diagnostics["steps"] = steps
-    params = {k: np.asarray(v) for k, v in svi.get_params(state).items()}
+    params = {k: np.asarray(v) for k, v in get_params(state).items()}
     return FitResult(
         spec=spec, inducing=inducing, num_latent=num_latent, params=params,
         elbo_history=np.asarray(elbo_hist), learning_rate_history=np.asarray(lr_hist),

@@ -1,0 +1,170 @@
+"""The training loop: checkpoints and resume, the NaN guard, jitter retries, input errors."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from inference import fit
+from inference.checkpoint import load_checkpoint
+from inference.linalg import cholesky_with_jitter
+from models import kernels, likelihoods, zoo
+from models.errors import CheckpointError, DataError, HyperparameterError, InvalidArgumentError, ShapeError, TrainingError
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-3, 3, (60, 2))
+    y = np.sin(X[:, 0]) * np.cos(X[:, 1]) + 0.1 * rng.normal(size=60)
+    return X, y
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return zoo.get("svgp-rbf", input_dim=2, num_inducing=6)
+
+
+def _same_params(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_checkpoint_round_trip_and_resume_match_uninterrupted_run(tmp_path, data, spec):
+    X, y = data
+    kw = dict(batch_size=20, seed=3, progress=False, checkpoint_every=10)
+    full = fit(spec, X, y, steps=40, **kw)
+    # interrupted run: 20 steps then a resumed run to 40
+    fit(spec, X, y, steps=20, checkpoint_dir=tmp_path / "ck", **kw)
+    config, params, _, history = load_checkpoint(tmp_path / "ck")
+    assert config["step"] == 20 and config["model"] == "svgp-rbf"
+    assert history["elbo"].shape == (20,)
+    resumed = fit(spec, X, y, steps=40, checkpoint_dir=tmp_path / "ck", resume=True, **kw)
+    _same_params(full.params, resumed.params)
+    np.testing.assert_array_equal(full.elbo_history, resumed.elbo_history)
+    # the files on disk are plain npz/json (no pickle) and hold the final parameters
+    _, params, _, _ = load_checkpoint(tmp_path / "ck")
+    _same_params(params, resumed.params)
+    assert not list((tmp_path / "ck").glob("*.tmp"))
+
+
+def test_corrupt_or_foreign_checkpoint_raises(tmp_path, data, spec):
+    X, y = data
+    fit(spec, X, y, steps=5, checkpoint_dir=tmp_path / "ck", progress=False)
+    (tmp_path / "ck" / "state.npz").write_bytes(b"not a zip file")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        fit(spec, X, y, steps=10, checkpoint_dir=tmp_path / "ck", resume=True, progress=False)
+    fit(spec, X, y, steps=5, checkpoint_dir=tmp_path / "ck2", progress=False)
+    other = zoo.get("svgp-rbf", input_dim=2, num_inducing=7)
+    with pytest.raises(CheckpointError, match="does not match"):
+        fit(other, X, y, steps=10, checkpoint_dir=tmp_path / "ck2", resume=True, progress=False)
+    (tmp_path / "ck2" / "params.npz").unlink()
+    with pytest.raises(CheckpointError, match="incomplete"):
+        fit(spec, X, y, steps=10, checkpoint_dir=tmp_path / "ck2", resume=True, progress=False)
+
+
+def _nan_after(step: int) -> optax.GradientTransformation:
+    """Adam whose updates turn NaN from optimiser step ``step`` on (a diverging run)."""
+    adam = optax.adam(0.01)
+
+    def init(params):
+        return (jnp.zeros((), jnp.int32), adam.init(params))
+
+    def update(grads, state, params=None):
+        count, inner = state
+        updates, inner = adam.update(grads, inner, params)
+        poison = jnp.where(count >= step, jnp.nan, 0.0)
+        return jax.tree_util.tree_map(lambda u: u + poison, updates), (count + 1, inner)
+
+    return optax.GradientTransformation(init, update)
+
+
+def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path, data, spec):
+    X, y = data
+    with pytest.raises(TrainingError) as info:
+        fit(spec, X, y, steps=50, optimizer=_nan_after(12), checkpoint_dir=tmp_path / "ck", progress=False)
+    # update 12 writes NaN parameters, so the loss of step 13 is the first non-finite one and
+    # the state after 12 updates (whose loss was finite) is the last good checkpoint
+    assert info.value.step == 13
+    assert "step 13" in str(info.value) and "step 12" in str(info.value)
+    config, params, _, history = load_checkpoint(tmp_path / "ck")
+    assert config["step"] == 12
+    assert all(np.all(np.isfinite(v)) for v in params.values())
+    assert np.all(np.isfinite(history["elbo"])) and history["elbo"].shape == (12,)
+
+
+def test_cholesky_retries_with_larger_jitter_and_reports_it():
+    K = jnp.ones((4, 4)) - 1e-10 * jnp.eye(4)  # eigenvalues -1e-10 (x3): needs jitter > 1e-10
+    L, used = cholesky_with_jitter(K, 1e-14)
+    assert 1e-10 < float(used) <= 1e-8
+    assert np.all(np.isfinite(L))
+    np.testing.assert_allclose(L @ L.T, K + float(used) * jnp.eye(4), atol=1e-10)
+    L2, used2 = cholesky_with_jitter(jnp.eye(3), 1e-6)
+    assert float(used2) == 1e-6
+
+
+def test_jitter_increase_is_recorded_in_diagnostics():
+    X = np.repeat(np.linspace(0, 1, 5)[:, None], 4, axis=0)  # duplicated inputs
+    y = np.sin(X[:, 0])
+    spec = zoo.get("svgp-rbf", input_dim=1, num_inducing=4).replace(jitter=1e-18)
+    from inference.inducing import InducingPoints
+
+    Z = jnp.asarray(np.array([[0.0], [0.0], [0.5], [1.0]]))  # two identical inducing inputs
+    res = fit(spec, X, y, steps=5, inducing=InducingPoints(Z), progress=False)
+    assert res.diagnostics["jitter_events"], res.diagnostics
+    assert res.diagnostics["jitter_events"][0]["jitter"] > 1e-18
+
+
+@pytest.mark.parametrize(
+    "make, error, argument",
+    [
+        (lambda X, y: (X[:, :, None], y), ShapeError, "X"),
+        (lambda X, y: (X, y[:-1]), ShapeError, "y"),
+        (lambda X, y: (np.where(np.arange(X.size).reshape(X.shape) == 3, np.nan, X), y), DataError, "X"),
+        (lambda X, y: (X, np.where(np.arange(y.size) == 0, np.inf, y)), DataError, "y"),
+    ],
+)
+def test_bad_data_raises_typed_error_naming_argument(data, spec, make, error, argument):
+    X, y = make(*data)
+    with pytest.raises(error) as info:
+        fit(spec, X, y, steps=1, progress=False)
+    assert info.value.argument == argument
+
+
+def test_labels_outside_support_and_bad_options_raise(data):
+    X, y = data
+    spec = zoo.get("svgp-rbf", input_dim=2, task="binary", num_inducing=4)
+    with pytest.raises(DataError) as info:
+        fit(spec, X, (y > 0).astype(int) * 2, steps=1, progress=False)
+    assert info.value.argument == "y"
+    yb = (y > 0).astype(int)
+    with pytest.raises(InvalidArgumentError) as info:
+        fit(spec.replace(num_inducing=61), X, yb, steps=1, progress=False)
+    assert info.value.argument == "num_inducing"
+    with pytest.raises(InvalidArgumentError) as info:
+        fit(spec, X, yb, steps=1, batch_size=0, progress=False)
+    assert info.value.argument == "batch_size"
+    with pytest.raises(InvalidArgumentError) as info:
+        fit(spec, X, yb, steps=-1, progress=False)
+    assert info.value.argument == "steps"
+    with pytest.raises(HyperparameterError) as info:
+        kernels.SquaredExponential(lengthscale=0.0)
+    assert info.value.argument == "SquaredExponential.lengthscale"
+    with pytest.raises(HyperparameterError):
+        likelihoods.Gaussian(noise_variance=-1.0)
+    with pytest.raises(zoo.UnknownModelError, match="svgp-rbf"):
+        zoo.get("no-such-model")
+
+
+def test_progress_bar_and_history(data, spec, capsys):
+    X, y = data
+    res = fit(spec, X, y, steps=30, progress=True, learning_rate=optax.linear_schedule(0.05, 0.01, 30))
+    err = capsys.readouterr().err
+    assert "fit svgp-rbf" in err
+    assert res.elbo_history.shape == (30,) and res.learning_rate_history.shape == (30,)
+    np.testing.assert_allclose(res.learning_rate_history[[0, -1]], [0.05, 0.05 - 0.04 * 29 / 30])
+    json.dumps(res.diagnostics)  # diagnostics are plain JSON-able values
