@@ -1,0 +1,214 @@
+"""Zoo models of the invariant family (seed 001 §4–5, seed 000 App. D): imported by :mod:`models.zoo` on demand.
+
+* ``invariant-finite`` — f(x) = Σ_{g∈G} f_base(g x) for a finite group (default: 90° rotations
+  of square images, the swap of x1, x2 for 2-D tables). The whole orbit is exact and fits with
+  the ordinary SVGP path; ``num_orbit_samples`` < |G| sub-samples it (App. B.1 estimator).
+* ``invariant-rot`` — rotations by φ ~ U(−α, α) with α learned (seed 001 §5.1).
+* ``invariant-affine`` — affine augmentation, 6 free range pairs (``parameterisation="general"``)
+  or rotation/scale/shear/translation ranges (``"interpretable"``) (seed 001 §5.2–5.3).
+* ``invariant-deform`` — smooth local displacement field + small affine map (seed 001 §5.2).
+
+All use inducing points in the base function's input space (``inducing="invariant-points"``)
+and, when the kernel is sampled, ``method="invariant-svgp"``. Both are provided by
+:mod:`inference.invariant`, which must be imported before ``inference.fit`` (it registers them).
+Sampled kernels accept only a Gaussian likelihood or the Pólya–Gamma bound for binary labels
+(Bernoulli-logit, the default for ``task="binary"``); multi-class tasks use a Gaussian likelihood
+on one output as in the seed's §5.2 only when the user passes one.
+
+Defaults: SE base kernel with lengthscale max(1, √D/2) on images (1 on tables); base variance
+1 for augmentation densities (k_f is an average) and 1/|G|² for finite sums (k_f(x, x) then
+starts near 1); 8 orbit samples per datum; M = 32 inducing inputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+from models import kernels
+from models.errors import InvalidArgumentError
+from models.kernels.invariant import (
+    AffineAugmentation,
+    FiniteOrbit,
+    InterpretableAffineAugmentation,
+    InvariantKernel,
+    LocalDeformation,
+    RotationAugmentation,
+)
+from models.kernels.symmetry import FiniteGroup, ImageSymmetries, SwapInputs
+from models.likelihoods import Likelihood
+from models.zoo import ModelSpec, default_likelihood, register
+
+DEFAULT_ORBIT_SAMPLES = 8
+DEFAULT_NUM_INDUCING = 32
+
+
+def _square_image_shape(image_shape, input_dim) -> tuple[int, int] | None:
+    if image_shape is not None:
+        shape = tuple(int(s) for s in image_shape)
+        if input_dim is not None and math.prod(shape) != int(input_dim):
+            raise InvalidArgumentError("image_shape", f"{shape} has {math.prod(shape)} pixels but input_dim is {input_dim}")
+        return shape
+    return None
+
+
+def _image_shape_required(image_shape, input_dim) -> tuple[int, int]:
+    shape = _square_image_shape(image_shape, input_dim)
+    if shape is None:
+        side = math.isqrt(int(input_dim)) if input_dim else 0
+        if not input_dim or side * side != int(input_dim):
+            raise InvalidArgumentError("image_shape", "image augmentations need image_shape (H, W)")
+        shape = (side, side)
+    if len(shape) != 2:
+        raise InvalidArgumentError("image_shape", f"image augmentations support grey images (H, W), got {shape}")
+    return shape
+
+
+def _base(input_dim, image_shape, lengthscale, variance) -> kernels.Kernel:
+    if lengthscale is None:
+        lengthscale = max(1.0, math.sqrt(math.prod(image_shape)) / 2.0) if image_shape else 1.0
+    return kernels.SquaredExponential(lengthscale=lengthscale, variance=variance)
+
+
+def _likelihood(likelihood, task, num_classes, sampled: bool) -> Likelihood:
+    if likelihood is not None:
+        return likelihood
+    if sampled and task == "multiclass":
+        raise InvalidArgumentError(
+            "likelihood", "sampled invariant kernels support Gaussian or Bernoulli-logit (Pólya–Gamma) likelihoods; "
+            "pass likelihood= explicitly for a multi-class task")
+    return default_likelihood(task, num_classes)
+
+
+def _spec(name, kernel, likelihood, num_inducing, image_shape, whiten, q_structure, inducing_init, options) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        kernel=kernel,
+        likelihood=likelihood,
+        num_inducing=num_inducing,
+        inducing="invariant-points",
+        inducing_init=inducing_init,
+        whiten=whiten,
+        q_structure=q_structure,
+        method="invariant-svgp" if kernel.is_sampled else "svgp",
+        input_kind="image" if image_shape else "any",
+        image_shape=tuple(image_shape) if image_shape else None,
+        options=options,
+    )
+
+
+@register("invariant-finite", "Invariant GP f(x) = Σ_g f_base(g x) over a finite group; exact or sub-sampled orbit (seed 001 eq. 7, App. B.1)")
+def _invariant_finite(
+    input_dim: int | None = None,
+    task: str = "regression",
+    num_classes: int | None = None,
+    image_shape=None,
+    num_inducing: int = DEFAULT_NUM_INDUCING,
+    group: FiniteGroup | None = None,
+    num_orbit_samples: int | None = None,
+    likelihood: Likelihood | None = None,
+    lengthscale=None,
+    variance=None,
+    whiten: bool = True,
+    q_structure: str = "full",
+    inducing_init: str = "random",
+) -> ModelSpec:
+    shape = _square_image_shape(image_shape, input_dim)
+    if group is None:
+        if shape is not None and len(shape) == 2 and shape[0] == shape[1]:
+            group = ImageSymmetries(shape, rotations=True, flips=False)
+        elif shape is None and input_dim == 2:
+            group = SwapInputs()
+        else:
+            raise InvalidArgumentError("group", "no default group for these inputs; pass a FiniteGroup (e.g. ImageSymmetries, CyclicShift)")
+    orbit = FiniteOrbit(group, num_samples=num_orbit_samples)
+    variance = 1.0 / group.order**2 if variance is None else variance
+    kernel = InvariantKernel(_base(input_dim, shape, lengthscale, variance), orbit)
+    return _spec("invariant-finite", kernel, _likelihood(likelihood, task, num_classes, kernel.is_sampled), num_inducing,
+                 shape, whiten, q_structure, inducing_init, {"group": repr(group), "num_orbit_samples": num_orbit_samples})
+
+
+@register("invariant-rot", "GP insensitive to rotations φ ~ U(−α, α), α learned by the marginal likelihood (seed 001 §5.1)")
+def _invariant_rot(
+    input_dim: int | None = None,
+    task: str = "regression",
+    num_classes: int | None = None,
+    image_shape=None,
+    num_inducing: int = DEFAULT_NUM_INDUCING,
+    max_angle: float = 45.0,
+    num_orbit_samples: int = DEFAULT_ORBIT_SAMPLES,
+    likelihood: Likelihood | None = None,
+    lengthscale=None,
+    variance: float = 1.0,
+    whiten: bool = True,
+    q_structure: str = "full",
+    inducing_init: str = "random",
+) -> ModelSpec:
+    shape = _image_shape_required(image_shape, input_dim)
+    orbit = RotationAugmentation(shape, max_angle=max_angle, num_samples=num_orbit_samples)
+    kernel = InvariantKernel(_base(input_dim, shape, lengthscale, variance), orbit)
+    return _spec("invariant-rot", kernel, _likelihood(likelihood, task, num_classes, True), num_inducing, shape,
+                 whiten, q_structure, inducing_init, {"num_orbit_samples": num_orbit_samples})
+
+
+@register("invariant-affine", "GP insensitive to learned affine augmentations (general 6-parameter or interpretable) (seed 001 §5)")
+def _invariant_affine(
+    input_dim: int | None = None,
+    task: str = "regression",
+    num_classes: int | None = None,
+    image_shape=None,
+    num_inducing: int = DEFAULT_NUM_INDUCING,
+    parameterisation: str = "general",
+    lower=None,
+    upper=None,
+    num_orbit_samples: int = DEFAULT_ORBIT_SAMPLES,
+    likelihood: Likelihood | None = None,
+    lengthscale=None,
+    variance: float = 1.0,
+    whiten: bool = True,
+    q_structure: str = "full",
+    inducing_init: str = "random",
+) -> ModelSpec:
+    shape = _image_shape_required(image_shape, input_dim)
+    if parameterisation == "general":
+        # small symmetric ranges around the identity: ±0.05 on the matrix entries, ±1 pixel shift
+        lower = (-0.05, -0.05, -0.05, -0.05, -1.0, -1.0) if lower is None else lower
+        upper = (0.05, 0.05, 0.05, 0.05, 1.0, 1.0) if upper is None else upper
+        orbit = AffineAugmentation(shape, lower=lower, upper=upper, num_samples=num_orbit_samples)
+    elif parameterisation == "interpretable":
+        # ±10°, ±5 % scale, ±0.05 shear, ±1 pixel shift
+        lower = (-10.0, -0.05, -0.05, -0.05, -1.0, -1.0) if lower is None else lower
+        upper = (10.0, 0.05, 0.05, 0.05, 1.0, 1.0) if upper is None else upper
+        orbit = InterpretableAffineAugmentation(shape, lower=lower, upper=upper, num_samples=num_orbit_samples)
+    else:
+        raise InvalidArgumentError("parameterisation", f"must be 'general' or 'interpretable', got {parameterisation!r}")
+    kernel = InvariantKernel(_base(input_dim, shape, lengthscale, variance), orbit)
+    return _spec("invariant-affine", kernel, _likelihood(likelihood, task, num_classes, True), num_inducing, shape,
+                 whiten, q_structure, inducing_init, {"parameterisation": parameterisation, "num_orbit_samples": num_orbit_samples})
+
+
+@register("invariant-deform", "GP insensitive to learned local deformations (smooth displacement field + small affine) (seed 001 §5.2)")
+def _invariant_deform(
+    input_dim: int | None = None,
+    task: str = "regression",
+    num_classes: int | None = None,
+    image_shape=None,
+    num_inducing: int = DEFAULT_NUM_INDUCING,
+    displacement: float = 1.0,
+    max_angle: float = 10.0,
+    max_log_scale: float = 0.05,
+    max_shear: float = 0.05,
+    smoothness: float = 3.0,
+    num_orbit_samples: int = DEFAULT_ORBIT_SAMPLES,
+    likelihood: Likelihood | None = None,
+    lengthscale=None,
+    variance: float = 1.0,
+    whiten: bool = True,
+    q_structure: str = "full",
+    inducing_init: str = "random",
+) -> ModelSpec:
+    shape = _image_shape_required(image_shape, input_dim)
+    orbit = LocalDeformation(shape, displacement=displacement, max_angle=max_angle, max_log_scale=max_log_scale,
+                             max_shear=max_shear, smoothness=smoothness, num_samples=num_orbit_samples)
+    kernel = InvariantKernel(_base(input_dim, shape, lengthscale, variance), orbit)
+    return _spec("invariant-deform", kernel, _likelihood(likelihood, task, num_classes, True), num_inducing, shape,
+                 whiten, q_structure, inducing_init, {"num_orbit_samples": num_orbit_samples})

@@ -1,0 +1,257 @@
+"""Invariant kernels, orbit estimators, image transforms and the invariant SVGP (seed 001 §4–5, App. B)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import pytest
+
+import inference.invariant  # noqa: F401 - registers the "invariant-svgp" family and inducing kind
+from analysis import datasets
+from inference import evaluate_elbo, fit, predict
+from inference.invariant import BaseInducingPoints, InvariantSVGP
+from inference.svgp import SVGP
+from models import zoo
+from models.errors import InvalidArgumentError
+from models.kernels import CyclicShift, ImageSymmetries, OrbitSum, SquaredExponential, SwapInputs
+from models.kernels.invariant import (
+    AffineAugmentation,
+    FiniteOrbit,
+    InterpretableAffineAugmentation,
+    InvariantKernel,
+    LocalDeformation,
+    RotationAugmentation,
+)
+from models.likelihoods import Bernoulli, Gaussian, Poisson
+from models.zoo import ModelSpec
+
+NUM_DRAWS = 4000
+SIGMAS = 4.0  # tolerance: 4 standard errors of the Monte Carlo mean
+
+
+def _rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def _within_standard_errors(draws, exact):
+    """|mean − exact| <= 4 SE elementwise (SE from the draws' empirical spread), plus rounding slack."""
+    draws = np.asarray(draws)
+    mean = draws.mean(0)
+    stderr = draws.std(0, ddof=1) / np.sqrt(draws.shape[0])
+    assert np.all(np.abs(mean - exact) <= SIGMAS * stderr + 1e-10), (mean, exact, stderr)
+
+
+# ----------------------------------------------------------------------------- exact finite orbits
+@pytest.mark.parametrize("group,dim", [(SwapInputs(), 2), (ImageSymmetries((4, 4), flips=False), 16), (CyclicShift(5), 5)])
+def test_exact_invariant_kernel_is_argumentwise_invariant_and_equals_orbit_sum(group, dim):
+    base = SquaredExponential(lengthscale=1.3, variance=0.7)
+    kernel = InvariantKernel(base, FiniteOrbit(group))
+    X = _rng().normal(size=(6, dim))  # [N, D]
+    K = kernel.K(X)  # [N, N]
+    for g in range(group.order):
+        gX = np.asarray(group.orbit(X)[g])  # [N, D]
+        np.testing.assert_allclose(kernel.K(X, gX), K, atol=1e-12)  # K(X, gX) = K(X, X): f(x) = f(gx)
+    np.testing.assert_allclose(K, OrbitSum(base, group).K(X), atol=1e-12)
+    np.testing.assert_allclose(kernel.K_diag(X), np.diag(K), atol=1e-12)
+
+
+def _finite_estimates(orbit, X, Z, base):
+    kernel = InvariantKernel(base, orbit)
+
+    def one(key):
+        samples = kernel.sample_orbit(X, key)  # [S, N, D]
+        kfu = orbit.single_weight() * kernel.Kzx_samples(Z, samples).sum(0)  # [M, N]
+        return kernel.Kff_diag_estimate(samples), kfu
+
+    return jax.jit(jax.vmap(one))(jax.random.split(jax.random.PRNGKey(1), NUM_DRAWS))
+
+
+def test_subsampled_orbit_estimators_average_to_the_exact_double_and_single_sums():
+    """App. B.1 (eq. 8/12): S=3 of |G|=8 elements without replacement; unbiased for k_f(x,x) and k_fu."""
+    group = ImageSymmetries((3, 3))
+    base = SquaredExponential(lengthscale=1.0)
+    X, Z = _rng(1).uniform(size=(4, 9)), _rng(2).uniform(size=(3, 9))
+    exact = InvariantKernel(base, FiniteOrbit(group))
+    kff, kfu = _finite_estimates(FiniteOrbit(group, num_samples=3), X, Z, base)
+    _within_standard_errors(kff, exact.K_diag(X))
+    _within_standard_errors(kfu, exact.K_fu(X, Z))
+    assert np.std(np.asarray(kff), 0).min() > 0  # really random
+
+
+def test_with_replacement_draws_average_to_the_normalised_double_integral():
+    """Eq. 21 / App. B eq. 15: draws from p(x_a|x) uniform on the orbit estimate (1/G²) Σ Σ k_g."""
+    group = CyclicShift(6)
+    base = SquaredExponential(lengthscale=0.8)
+    X, Z = _rng(3).normal(size=(4, 6)), _rng(4).normal(size=(3, 6))
+    exact = InvariantKernel(base, FiniteOrbit(group))
+    kff, kfu = _finite_estimates(FiniteOrbit(group, num_samples=4, replace=True), X, Z, base)
+    _within_standard_errors(kff, exact.K_diag(X) / 36)
+    _within_standard_errors(kfu, exact.K_fu(X, Z) / 6)
+    np.testing.assert_allclose(InvariantKernel(base, FiniteOrbit(group, num_samples=4, replace=True)).K(X), exact.K(X) / 36)
+
+
+# ----------------------------------------------------------------------------- ELBO terms
+def _family(orbit, likelihood, whiten=True, q_structure="full", num_inducing=5, dim=9):
+    kernel = InvariantKernel(SquaredExponential(lengthscale=1.2, variance=0.05), orbit)
+    spec = ModelSpec(name="t", kernel=kernel, likelihood=likelihood, num_inducing=num_inducing, inducing="invariant-points",
+                     whiten=whiten, q_structure=q_structure, method="invariant-svgp")
+    Z = BaseInducingPoints(jnp.asarray(_rng(5).uniform(size=(num_inducing, dim))))
+    return InvariantSVGP(spec, Z, 1)
+
+
+def _random_q(family, seed=6):
+    rng = _rng(seed)
+    M = family.inducing.num_inducing
+    q_sqrt = np.tril(rng.normal(size=(1, M, M))) * 0.3 + np.eye(M) * 0.5
+    return {"q_mu": jnp.asarray(rng.normal(size=(1, M))), "q_sqrt": jnp.asarray(q_sqrt)}
+
+
+def _ell(family, params, X, y, key):
+    with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=0):
+        parts = family.parts()
+    return family.expected_log_lik(parts, X, y, key)
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_exact_orbit_estimates_equal_the_svgp_conditional(whiten):
+    """With the whole orbit every weight is 1: the estimators reproduce q(f_n)'s moments exactly."""
+    group = ImageSymmetries((3, 3))
+    family = _family(FiniteOrbit(group), Gaussian(noise_variance=0.1), whiten=whiten)
+    X = jnp.asarray(_rng(7).uniform(size=(6, 9)))
+    params = _random_q(family)
+    with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=0):
+        parts = family.parts()
+    est = family.moment_estimates(parts, X, jax.random.PRNGKey(0))
+    mean, var = SVGP.latent_moments(family, parts, X)
+    np.testing.assert_allclose(est.mean, mean, atol=1e-10)
+    np.testing.assert_allclose(est.var, var, atol=1e-10)
+    np.testing.assert_allclose(est.second_moment, mean**2 + var, atol=1e-10)
+
+
+@pytest.mark.parametrize("likelihood,whiten", [(Gaussian(noise_variance=0.1), True), (Gaussian(noise_variance=0.1), False),
+                                               (Bernoulli(link="logit"), True)])
+def test_subsampled_elbo_terms_average_to_the_exact_ones(likelihood, whiten):
+    """Eq. 15 (Gaussian) and the PG bound (eq. 23, at the c of an independent draw) are unbiased per datum."""
+    group = ImageSymmetries((3, 3))
+    exact = _family(FiniteOrbit(group), likelihood, whiten=whiten)
+    sampled = _family(FiniteOrbit(group, num_samples=4), likelihood, whiten=whiten)
+    X = jnp.asarray(_rng(8).uniform(size=(5, 9)))
+    y = jnp.asarray(_rng(9).normal(size=5) if isinstance(likelihood, Gaussian) else _rng(9).integers(0, 2, 5).astype(float))
+    params = _random_q(exact)
+    draws = jax.jit(jax.vmap(lambda k: _ell(sampled, params, X, y, k)))(jax.random.split(jax.random.PRNGKey(2), NUM_DRAWS))
+    if isinstance(likelihood, Gaussian):
+        _within_standard_errors(draws, _ell(exact, params, X, y, None))
+    else:
+        # the PG bound at the optimal c equals the Jaakkola–Jordan bound; at an estimated c it is lower
+        from inference.polya_gamma import optimal_c, pg_logistic_bound
+
+        with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=0):
+            parts = exact.parts()
+        mean, var = exact.latent_moments(parts, X)
+        bound = pg_logistic_bound(y, mean[:, 0], mean[:, 0] ** 2 + var[:, 0], optimal_c(mean[:, 0] ** 2 + var[:, 0]))
+        stderr = np.asarray(draws).std(0, ddof=1) / np.sqrt(NUM_DRAWS)
+        assert np.all(np.asarray(draws).mean(0) <= bound + SIGMAS * stderr)
+        assert np.all(np.asarray(draws).mean(0) >= bound - 0.5)  # close to it: c is a good estimate
+
+
+@pytest.mark.parametrize("likelihood", [Poisson(), Bernoulli(link="probit")])
+def test_sampled_kernels_refuse_likelihoods_that_are_not_gaussian_in_f(likelihood):
+    with pytest.raises(InvalidArgumentError, match="likelihood"):
+        _family(FiniteOrbit(ImageSymmetries((3, 3)), num_samples=3), likelihood)
+    _family(FiniteOrbit(ImageSymmetries((3, 3))), likelihood)  # the exact kernel takes any likelihood
+
+
+# ----------------------------------------------------------------------------- transforms
+IMAGE_SHAPE = (6, 6)
+
+
+def _images(n=3):
+    return jnp.asarray(_rng(10).uniform(size=(n, 36)))  # [N, 36]
+
+
+@pytest.mark.parametrize("cls", [AffineAugmentation, InterpretableAffineAugmentation])
+def test_affine_with_zero_range_is_the_identity(cls):
+    X = _images()
+    samples = cls(IMAGE_SHAPE, num_samples=3).sample(X, jax.random.PRNGKey(0))  # [3, N, 36]
+    np.testing.assert_array_equal(samples, jnp.broadcast_to(X, samples.shape))
+
+
+def test_rotation_by_90_degrees_is_np_rot90_and_matches_rotate_images():
+    X = _images()
+    rot = InterpretableAffineAugmentation(IMAGE_SHAPE, lower=(90.0, 0, 0, 0, 0, 0), upper=(90.0, 0, 0, 0, 0, 0), num_samples=2)
+    samples = rot.sample(X, jax.random.PRNGKey(0))  # [2, N, 36]
+    expected = np.stack([np.rot90(x.reshape(IMAGE_SHAPE)).ravel() for x in np.asarray(X)])
+    np.testing.assert_allclose(samples[0], expected, atol=1e-12)
+    # an arbitrary angle agrees with the dataset's (SciPy-checked) rotation
+    angle = 33.0
+    rot = InterpretableAffineAugmentation(IMAGE_SHAPE, lower=(angle, 0, 0, 0, 0, 0), upper=(angle, 0, 0, 0, 0, 0), num_samples=2)
+    np.testing.assert_allclose(rot.sample(X, jax.random.PRNGKey(0))[0],
+                               datasets.rotate_images(np.asarray(X), np.full(3, angle), IMAGE_SHAPE), atol=1e-12)
+
+
+def _range_gradients(make, params):
+    X = _images()
+
+    def loss(p):
+        return jnp.sum(jnp.sin(make(p).sample(X, jax.random.PRNGKey(3)) * 3.0))
+
+    return jax.grad(loss)(params)
+
+
+@pytest.mark.parametrize("name", ["rotation", "affine", "interpretable", "deformation"])
+def test_gradients_reach_the_range_parameters(name):
+    makers = {
+        "rotation": (lambda p: RotationAugmentation(IMAGE_SHAPE, max_angle=p["a"], num_samples=4), {"a": 30.0}),
+        "affine": (lambda p: AffineAugmentation(IMAGE_SHAPE, lower=p["lo"], upper=p["hi"], num_samples=4),
+                   {"lo": -0.1 * jnp.ones(6), "hi": 0.1 * jnp.ones(6)}),
+        "interpretable": (lambda p: InterpretableAffineAugmentation(IMAGE_SHAPE, lower=p["lo"], upper=p["hi"], num_samples=4),
+                          {"lo": jnp.asarray([-20.0, -0.1, -0.1, -0.1, -1, -1]), "hi": jnp.asarray([20.0, 0.1, 0.1, 0.1, 1, 1])}),
+        "deformation": (lambda p: LocalDeformation(IMAGE_SHAPE, displacement=p["d"], max_angle=p["a"], num_samples=4),
+                        {"d": 0.7, "a": 10.0}),
+    }
+    make, params = makers[name]
+    grads = jax.tree_util.tree_leaves(_range_gradients(make, params))
+    for g in grads:
+        assert np.all(np.isfinite(g)) and np.all(np.abs(g) > 0), grads
+
+
+def test_augmentation_kernel_has_no_closed_form_and_says_so():
+    kernel = InvariantKernel(SquaredExponential(), RotationAugmentation(IMAGE_SHAPE, num_samples=2))
+    with pytest.raises(InvalidArgumentError, match="kernel"):
+        kernel.K(_images())
+
+
+# ----------------------------------------------------------------------------- zoo + end to end
+def test_zoo_names_and_methods():
+    assert {"invariant-rot", "invariant-affine", "invariant-deform", "invariant-finite"} <= set(zoo.names())
+    assert zoo.get("invariant-finite", input_dim=2).method == "svgp"
+    assert zoo.get("invariant-finite", image_shape=(4, 4), num_orbit_samples=2).method == "invariant-svgp"
+    for name in ("invariant-rot", "invariant-affine", "invariant-deform"):
+        assert zoo.get(name, image_shape=(6, 6), task="binary").method == "invariant-svgp"
+    with pytest.raises(InvalidArgumentError, match="likelihood"):
+        zoo.get("invariant-rot", image_shape=(6, 6), task="multiclass", num_classes=3)
+
+
+def test_fit_invariant_finite_on_symmetric_toy_improves_the_elbo_and_predicts_invariantly():
+    data = datasets.load("symmetric-toy", num_train=60, num_test=50)
+    spec = zoo.get("invariant-finite", input_dim=2, num_inducing=10)
+    res = fit(spec, data.X_train, data.y_train, steps=150, learning_rate=0.03, progress=False)
+    assert res.elbo_history[-10:].mean() > res.elbo_history[:10].mean() + 10.0
+    pred = predict(res, data.X_test)
+    pred_swapped = predict(res, data.X_test[:, ::-1])
+    np.testing.assert_allclose(pred.f_mean, pred_swapped.f_mean, atol=1e-8)
+    np.testing.assert_allclose(pred.f_var, pred_swapped.f_var, atol=1e-8)
+
+
+def test_fit_invariant_rot_on_tiny_images_improves_the_elbo():
+    data = datasets.load("digits-8x8", classes=(0, 1))
+    X, y = data.X_train[:60], data.y_train[:60]
+    spec = zoo.get("invariant-rot", image_shape=(8, 8), task="binary", num_inducing=8, num_orbit_samples=4)
+    res = fit(spec, X, y, steps=60, batch_size=30, learning_rate=0.05, progress=False)
+    assert np.all(np.isfinite(res.elbo_history))
+    assert res.elbo_history[-10:].mean() > res.elbo_history[:10].mean() + 2.0
+    assert np.isfinite(res.params["kernel.orbit.max_angle"]) and res.params["kernel.orbit.max_angle"] != 45.0
+    pred = predict(res, data.X_test[:20])
+    assert np.all((pred.probs >= 0) & (pred.probs <= 1)) and np.all(pred.f_var > 0)
+    elbo = evaluate_elbo(res, X, y)
+    assert np.isfinite(elbo.elbo)
