@@ -29,12 +29,19 @@ __all__ = [
 
 
 def scaled_sqdist(X, Y, lengthscale):
-    """Squared distances ``[N, M]`` between ``X/ℓ`` ``[N, D]`` and ``Y/ℓ`` ``[M, D]`` via a matmul."""
+    """Squared distances ``[N, M]`` between ``X/ℓ`` ``[N, D]`` and ``Y/ℓ`` ``[M, D]`` via a matmul.
+
+    Values below the rounding error of the expansion (a few ulps of ‖x‖² + ‖y‖²) are set to 0,
+    so identical points are at distance exactly 0; otherwise kernels that take a square root
+    (Matérn) would turn a 1e-16 rounding error into a 1e-8 error on the diagonal.
+    """
     Xs = X / lengthscale  # [N, D]
     Ys = Y / lengthscale  # [M, D]
     cross = Xs @ Ys.T  # [N, M]
-    r2 = jnp.sum(Xs**2, -1)[:, None] - 2.0 * cross + jnp.sum(Ys**2, -1)[None, :]  # [N, M]
-    return jnp.maximum(r2, 0.0)
+    norms = jnp.sum(Xs**2, -1)[:, None] + jnp.sum(Ys**2, -1)[None, :]  # [N, M]
+    r2 = norms - 2.0 * cross  # [N, M]
+    rounding = 8.0 * jnp.finfo(jnp.result_type(r2, jnp.float32)).eps * norms  # [N, M]
+    return jnp.where(r2 > rounding, r2, 0.0)  # [N, M]
 
 
 def safe_sqrt(r2):
