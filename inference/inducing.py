@@ -157,3 +157,88 @@ def _init_points(kernel, X, num_inducing, key, method):
     else:
         raise InvalidArgumentError("inducing_init", f"unknown method {method!r}; use 'random' or 'kmeans'")
     return InducingPoints(jnp.asarray(Z, dtype=X.dtype))
+
+
+# ----------------------------------------------------------------------------- inducing patches
+from models.kernels.convolutional import ConvolutionalKernel  # noqa: E402 - appended section, kept self-contained
+
+__all__ += ["InducingPatches"]
+
+
+@pytree_dataclass
+class InducingPatches(InducingVariables):
+    """u = g(Z): the patch-response function at inducing patches ``Z`` ``[M, E]`` (seed 000 §3.1).
+
+    Inter-domain: Z lives in patch space, not image space. Kuu = k_g(Z, Z) (eq. 16) and
+    Kuf = Σ_p w_p k_g(x^[p], Z) (eq. 15, 19) come from the kernel's ``Kzz`` / ``Kzx``; the
+    multi-channel kernel gives C output groups for one set of patches (eq. 22–23, App. C).
+    """
+
+    Z: Any = hyper(constraint=constraints.real)
+
+    @property
+    def num_inducing(self) -> int:
+        return int(np.shape(self.Z.value if hasattr(self.Z, "value") else self.Z)[0])
+
+
+@Kuu.register(InducingPatches, ConvolutionalKernel)
+def _kuu_patches(inducing, kernel):
+    return kernel.Kzz(inducing.Z)  # [G, M, M]
+
+
+@Kuf.register(InducingPatches, ConvolutionalKernel, object)
+def _kuf_patches(inducing, kernel, X):
+    return kernel.Kzx(inducing.Z, X)  # [G, M, N]
+
+
+@Kuu.register(InducingPatches, Kernel)
+def _kuu_patches_unsupported(inducing, kernel):
+    raise InvalidArgumentError("inducing", f"inducing patches need a convolutional kernel, got {type(kernel).__name__}")
+
+
+@Kuf.register(InducingPatches, Kernel, object)
+def _kuf_patches_unsupported(inducing, kernel, X):
+    raise InvalidArgumentError("inducing", f"inducing patches need a convolutional kernel, got {type(kernel).__name__}")
+
+
+#: Distinct training patches collected before "random"/"kmeans" stop scanning more images.
+PATCH_POOL_SIZE = 20_000
+
+
+def _distinct_patches(kernel: ConvolutionalKernel, X: np.ndarray, rng: np.random.Generator, enough: int) -> np.ndarray:
+    """Distinct patches ``[K, E]`` of images taken in random order, until ``enough`` are found or X ends."""
+    pool = np.zeros((0, kernel.patch_dim), X.dtype)  # [K, E]
+    for chunk in np.array_split(rng.permutation(X.shape[0]), max(1, X.shape[0] // 128)):
+        patches = np.asarray(kernel.inducing_space_patches(X[chunk]))  # [n*S*P, E]
+        pool = np.unique(np.concatenate([pool, np.unique(patches, axis=0)]), axis=0)  # [K, E]
+        if pool.shape[0] >= enough:
+            break
+    return pool
+
+
+@register_initialiser("patches")
+def _init_patches(kernel, X, num_inducing, key, method):
+    """Inducing patches from data: ``"random"`` distinct training patches, ``"kmeans"`` centres of
+    distinct training patches (sklearn), or ``"uniform"`` noise over the pixel range (seed 000 §3.1)."""
+    if not isinstance(kernel, ConvolutionalKernel):
+        raise InvalidArgumentError("inducing", f"'patches' needs a convolutional kernel, got {type(kernel).__name__}")
+    X = np.asarray(X)
+    kernel.validate_inputs(X)
+    rng = np.random.default_rng(int(jax.random.randint(key, (), 0, 2**31 - 1)))
+    if method == "uniform":
+        Z = rng.uniform(X.min(), X.max(), (num_inducing, kernel.patch_dim))  # [M, E]
+    elif method in ("random", "kmeans"):
+        pool = _distinct_patches(kernel, X, rng, max(PATCH_POOL_SIZE, num_inducing))  # [K, E]
+        if num_inducing > pool.shape[0]:
+            raise InvalidArgumentError(
+                "num_inducing", f"M={num_inducing} exceeds the {pool.shape[0]} distinct training patches of shape {kernel.patch_shape}"
+            )
+        if method == "random":
+            Z = pool[rng.choice(pool.shape[0], num_inducing, replace=False)]  # [M, E]
+        else:
+            from sklearn.cluster import KMeans  # noqa: PLC0415 - optional, only for this initialiser
+
+            Z = KMeans(num_inducing, n_init=3, random_state=int(rng.integers(2**31 - 1))).fit(pool).cluster_centers_  # [M, E]
+    else:
+        raise InvalidArgumentError("inducing_init", f"unknown method {method!r}; use 'random', 'kmeans' or 'uniform'")
+    return InducingPatches(jnp.asarray(Z, dtype=X.dtype))

@@ -1,6 +1,16 @@
 """Kernel algebra and structured kernels. Every kernel is an immutable JAX pytree."""
 
 from models.kernels.base import Fixed, Kernel, Product, Scaled, Sum, hyper, kernel_class, static, sum_kernels
+from models.kernels.convolutional import (
+    AdditiveColourConvolutional,
+    ConvolutionProducts,
+    Convolutional,
+    ConvolutionalKernel,
+    ImageSum,
+    MatmulProducts,
+    MultiChannelConvolutional,
+    WeightedConvolutional,
+)
 from models.kernels.combinators import Categorical, ChangePoint, ChangeWindow, Coregionalization, FunctionScaled
 from models.kernels.dot_product import Constant, Linear, Polynomial, White
 from models.kernels.stationary import (
@@ -28,6 +38,14 @@ from models.kernels.symmetry import (
 )
 
 __all__ = [
+    "AdditiveColourConvolutional",
+    "ConvolutionProducts",
+    "Convolutional",
+    "ConvolutionalKernel",
+    "ImageSum",
+    "MatmulProducts",
+    "MultiChannelConvolutional",
+    "WeightedConvolutional",
     "Categorical",
     "ChangePoint",
     "ChangeWindow",

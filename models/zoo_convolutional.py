@@ -1,0 +1,224 @@
+"""Zoo models of the convolutional family (seed 000 §3): imported by :mod:`models.zoo` on demand.
+
+Every builder takes the dataset facts (``input_dim``, ``task``, ``num_classes``, ``image_shape``)
+and options (``patch_shape``, ``num_inducing``, hyperparameter initial values, ``whiten``,
+``q_structure``, ``inducing_init``, ``products``, ``normalisation``). Defaults follow the paper's
+setups (3×3 patches, M = 16, training with Adam at 0.01 and minibatches of 100):
+
+* base kernel: SE on patches, lengthscale max(1, √E / 3) for patches of E values in [0, 1]
+  (distances between patches grow like √E), variance 10 under the ``"mean"`` normalisation
+  (f is then an average of patch responses; a logit of ±3 needs a standard deviation of a few);
+* patch weights 1 (weighted kernels start as the translation-invariant one);
+* inducing patches: distinct training patches drawn at random (``inducing_init="kmeans"`` or
+  ``"uniform"`` — the paper's choice for rectangles — also work);
+* RBF part of conv + RBF: SE on whole images, lengthscale √D / 2, variance 1 — the ELBO decides
+  how the variance splits between the parts (seed 000 §3.3; see
+  :func:`inference.components.component_variances`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from models import kernels
+from models.errors import InvalidArgumentError, ShapeError
+from models.kernels.convolutional import (
+    AdditiveColourConvolutional,
+    Convolutional,
+    ImageSum,
+    MultiChannelConvolutional,
+    WeightedConvolutional,
+    image_dims,
+)
+from models.likelihoods import Likelihood
+from models.zoo import ModelSpec, default_likelihood, register
+
+DEFAULT_PATCH_SHAPE = (3, 3)
+DEFAULT_VARIANCE = 10.0
+DEFAULT_RBF_VARIANCE = 1.0
+
+
+def _image_shape(image_shape, input_dim) -> tuple[int, ...]:
+    """The dataset's image shape; a square grey image is inferred from ``input_dim`` if needed."""
+    if image_shape is not None:
+        image_dims(image_shape)  # typed error for a malformed shape
+        shape = tuple(int(s) for s in image_shape)
+        if input_dim is not None and math.prod(shape) != int(input_dim):
+            raise InvalidArgumentError("image_shape", f"{shape} has {math.prod(shape)} pixels but input_dim is {input_dim}")
+        return shape
+    side = math.isqrt(int(input_dim)) if input_dim else 0
+    if not input_dim or side * side != int(input_dim):
+        raise InvalidArgumentError("image_shape", "convolutional models need image_shape (H, W) or (H, W, C)")
+    return (side, side)
+
+
+def _patch_shape(patch_shape) -> tuple[int, int]:
+    try:
+        shape = tuple(int(s) for s in patch_shape)
+    except TypeError:
+        raise ShapeError("patch_shape", f"expected (h, w), got {patch_shape!r}") from None
+    if len(shape) != 2 or min(shape) < 1:
+        raise ShapeError("patch_shape", f"expected (h, w) of positive ints, got {patch_shape!r}")
+    return shape
+
+
+def _base_kernel(patch_dim: int, lengthscale, variance) -> kernels.Kernel:
+    if lengthscale is None:
+        lengthscale = max(1.0, math.sqrt(patch_dim) / 3.0)
+    return kernels.SquaredExponential(lengthscale=lengthscale, variance=DEFAULT_VARIANCE if variance is None else variance)
+
+
+def _rbf(image_shape, lengthscale, variance) -> kernels.Kernel:
+    D = math.prod(image_shape)
+    lengthscale = max(1.0, math.sqrt(D) / 2.0) if lengthscale is None else lengthscale
+    return kernels.SquaredExponential(lengthscale=lengthscale, variance=DEFAULT_RBF_VARIANCE if variance is None else variance)
+
+
+def _spec(name, kernel, image_shape, likelihood, task, num_classes, num_inducing, inducing, **fields) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        kernel=kernel,
+        likelihood=likelihood or default_likelihood(task, num_classes),
+        num_inducing=num_inducing,
+        inducing=inducing,
+        input_kind="image",
+        image_shape=tuple(image_shape),
+        **fields,
+    )
+
+
+def _conv_model(name, *, weighted, colour_patch, rbf, input_dim, task, num_classes, image_shape, patch_shape,
+                num_inducing, likelihood, lengthscale, variance, whiten, q_structure, inducing_init, products,
+                normalisation, rbf_lengthscale=None, rbf_variance=None) -> ModelSpec:
+    shape = _image_shape(image_shape, input_dim)
+    patch_shape = _patch_shape(patch_shape)
+    C = image_dims(shape)[2]
+    channels = "patch" if colour_patch or C == 1 else "separate"
+    patch_dim = patch_shape[0] * patch_shape[1] * (C if channels == "patch" else 1)
+    base = _base_kernel(patch_dim, lengthscale, variance)
+    options = dict(channels=channels, products=products, normalisation=normalisation)
+    if weighted:
+        conv = WeightedConvolutional.create(base, shape, tuple(patch_shape), **options)
+    else:
+        conv = Convolutional(base, shape, tuple(patch_shape), **options)
+    kernel, inducing = conv, "patches"
+    if rbf:
+        kernel, inducing = ImageSum((conv, _rbf(shape, rbf_lengthscale, rbf_variance))), ("patches", "points")
+    return _spec(name, kernel, shape, likelihood, task, num_classes, num_inducing, inducing,
+                 whiten=whiten, q_structure=q_structure, inducing_init=inducing_init,
+                 options={"patch_shape": tuple(patch_shape), "channels": channels})
+
+
+def _register_conv(name, description, *, weighted, colour_patch):
+    @register(name, description)
+    def build(
+        input_dim: int | None = None,
+        task: str = "regression",
+        num_classes: int | None = None,
+        image_shape=None,
+        patch_shape=DEFAULT_PATCH_SHAPE,
+        num_inducing: int = 16,
+        likelihood: Likelihood | None = None,
+        lengthscale=None,
+        variance=None,
+        whiten: bool = True,
+        q_structure: str = "full",
+        inducing_init: str = "random",
+        products: str = "conv",
+        normalisation: str = "mean",
+    ) -> ModelSpec:
+        return _conv_model(name, weighted=weighted, colour_patch=colour_patch, rbf=False, **_locals(locals()))
+
+    return build
+
+
+def _register_conv_rbf(name, description, *, weighted):
+    @register(name, description)
+    def build(
+        input_dim: int | None = None,
+        task: str = "regression",
+        num_classes: int | None = None,
+        image_shape=None,
+        patch_shape=DEFAULT_PATCH_SHAPE,
+        num_inducing: int = 16,
+        likelihood: Likelihood | None = None,
+        lengthscale=None,
+        variance=None,
+        rbf_lengthscale=None,
+        rbf_variance=None,
+        whiten: bool = True,
+        q_structure: str = "full",
+        inducing_init: str = "random",
+        products: str = "conv",
+        normalisation: str = "mean",
+    ) -> ModelSpec:
+        return _conv_model(name, weighted=weighted, colour_patch=False, rbf=True, **_locals(locals()))
+
+    return build
+
+
+def _locals(values: dict) -> dict:
+    return {k: v for k, v in values.items() if k not in ("name", "weighted", "colour_patch")}
+
+
+_register_conv("conv", "Translation-invariant convolutional GP f(x) = Σ_p g(x^[p]), inducing patches (seed 000 §3.1)",
+               weighted=False, colour_patch=False)
+_register_conv("weighted-conv", "Weighted convolutional GP f(x) = Σ_p w_p g(x^[p]) with learned weights (seed 000 §3.2)",
+               weighted=True, colour_patch=False)
+_register_conv("colour-patch-conv", "Weighted convolutional GP on w×h×C colour patches (seed 000 §3.4)",
+               weighted=True, colour_patch=True)
+_register_conv_rbf("conv+rbf", "Convolutional + RBF GP, separate inducing patches and points (seed 000 §3.3)", weighted=False)
+_register_conv_rbf("weighted-conv+rbf", "Weighted convolutional + RBF GP, separate inducing patches and points (seed 000 §3.3)",
+                   weighted=True)
+
+
+@register("additive-colour-conv", "Weighted convolutional GP with an additive-over-channels patch kernel (seed 000 eq. 24–25)")
+def _additive_colour(
+    input_dim: int | None = None,
+    task: str = "regression",
+    num_classes: int | None = None,
+    image_shape=None,
+    patch_shape=DEFAULT_PATCH_SHAPE,
+    num_inducing: int = 16,
+    likelihood: Likelihood | None = None,
+    lengthscale=None,
+    variance=None,
+    whiten: bool = True,
+    q_structure: str = "full",
+    inducing_init: str = "random",
+    products: str = "conv",
+    normalisation: str = "mean",
+) -> ModelSpec:
+    shape = _image_shape(image_shape, input_dim)
+    patch_shape = _patch_shape(patch_shape)
+    base = _base_kernel(patch_shape[0] * patch_shape[1], lengthscale, variance)
+    kernel = AdditiveColourConvolutional.create(base, shape, tuple(patch_shape), products=products, normalisation=normalisation)
+    return _spec("additive-colour-conv", kernel, shape, likelihood, task, num_classes, num_inducing, "patches",
+                 whiten=whiten, q_structure=q_structure, inducing_init=inducing_init,
+                 options={"patch_shape": tuple(patch_shape)})
+
+
+@register("multichannel-conv", "Multi-channel convolutional GP, one g_c per channel, C·M inducing outputs (seed 000 eq. 22–23)")
+def _multichannel(
+    input_dim: int | None = None,
+    task: str = "regression",
+    num_classes: int | None = None,
+    image_shape=None,
+    patch_shape=DEFAULT_PATCH_SHAPE,
+    num_inducing: int = 16,
+    likelihood: Likelihood | None = None,
+    lengthscale=None,
+    variance=None,
+    whiten: bool = True,
+    q_structure: str = "block",
+    inducing_init: str = "random",
+    products: str = "conv",
+    normalisation: str = "mean",
+) -> ModelSpec:
+    shape = _image_shape(image_shape, input_dim)
+    patch_shape = _patch_shape(patch_shape)
+    base = _base_kernel(patch_shape[0] * patch_shape[1], lengthscale, variance)
+    kernel = MultiChannelConvolutional.create(base, shape, tuple(patch_shape), products=products, normalisation=normalisation)
+    return _spec("multichannel-conv", kernel, shape, likelihood, task, num_classes, num_inducing, "patches",
+                 whiten=whiten, q_structure=q_structure, inducing_init=inducing_init,
+                 options={"patch_shape": tuple(patch_shape)})
