@@ -32,7 +32,7 @@ Any other likelihood raises ``InvalidArgumentError`` naming ``likelihood``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -87,11 +87,12 @@ def _init_base_points(kernel, X, num_inducing, key, method):
     return BaseInducingPoints(initialise_inducing("points", kernel, X, num_inducing, key, method).Z)
 
 
-class MomentEstimates:
-    """Unbiased estimates ``[N, L]`` of μ_n, E[f_n²] = μ_n² + σ_n² and σ_n² (seed 001 eq. 16–21)."""
+class MomentEstimates(NamedTuple):
+    """Unbiased estimates ``[N, L]`` of μ_n, E[f_n²] = μ_n² + σ_n² and σ_n² (seed 001 eq. 16–21); a pytree."""
 
-    def __init__(self, mean, second_moment, var):
-        self.mean, self.second_moment, self.var = mean, second_moment, var
+    mean: jax.Array  # [N, L]
+    second_moment: jax.Array  # [N, L]
+    var: jax.Array  # [N, L]
 
 
 def _pair_scalar(values, w_off, w_diag):

@@ -121,8 +121,8 @@ def test_exact_orbit_estimates_equal_the_svgp_conditional(whiten):
     params = _random_q(family)
     with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=0):
         parts = family.parts()
-    est = family.moment_estimates(parts, X, jax.random.PRNGKey(0))
-    mean, var = SVGP.latent_moments(family, parts, X)
+    est = jax.jit(lambda x: family.moment_estimates(parts, x, jax.random.PRNGKey(0)))(X)
+    mean, var = jax.jit(lambda x: SVGP.latent_moments(family, parts, x))(X)
     np.testing.assert_allclose(est.mean, mean, atol=1e-10)
     np.testing.assert_allclose(est.var, var, atol=1e-10)
     np.testing.assert_allclose(est.second_moment, mean**2 + var, atol=1e-10)
@@ -195,7 +195,7 @@ def _range_gradients(make, params):
     def loss(p):
         return jnp.sum(jnp.sin(make(p).sample(X, jax.random.PRNGKey(3)) * 3.0))
 
-    return jax.grad(loss)(params)
+    return jax.jit(jax.grad(loss))(params)
 
 
 @pytest.mark.parametrize("name", ["rotation", "affine", "interpretable", "deformation"])
