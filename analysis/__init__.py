@@ -10,7 +10,14 @@ an HTML/Markdown/CSV report (``analysis.report.rebuild_report`` regenerates one 
 ``report`` here is the *function* (its module is ``analysis.report``); it is bound eagerly so the
 name means the same whatever was imported first. The JAX-heavy ``to_datatree`` and
 ``compare_elbo`` load on first use, so ``import analysis.datasets`` stays light.
+
+``numpyro`` is imported here, plainly and first: ``arviz_base`` registers a *lazy* ``numpyro``
+module (``lazy_loader``), and a first ``import numpyro.distributions`` after ``import arviz``
+then executes ``numpyro.distributions`` twice, leaving ``numpyro.distributions.distribution``
+unset so that ``numpyro.factor`` fails. A plain ``import numpyro`` loads it properly.
 """
+
+import numpyro  # noqa: F401 - see below
 
 from analysis import calibration, datasets
 from analysis.report import report

@@ -18,6 +18,7 @@ blocks of Kuu are factorised (``cholesky_with_jitter``); Kuf is computed in chun
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -85,27 +86,28 @@ def _blockdiag_times(Luu, v):
 
 
 def _sample_hyper(res: FitResult, key, num_draws: int) -> dict[str, jax.Array]:
-    """θ_s ~ q(θ) for the sites with a prior (empty dict for type-II fits)."""
+    """θ_s ~ q(θ) for the sites with a prior (empty dict for type-II fits), ``[S, ...]`` each.
+
+    Drawn by running the hyper guide itself (seeded, its params substituted), so the draws come
+    from exactly the distribution whose density ``_hyper_log_densities`` reads off the same guide.
+    """
     guide = res.family.hyper_guide
     if guide is None:
         return {}
-    draws = guide.sample_posterior(key, res.params, sample_shape=(num_draws,))
-    sites = _hyper_sites(res)
-    return {k: v for k, v in draws.items() if k in sites}
+    X1 = jnp.asarray(res.X_train[:1])
+    y1 = jnp.asarray(res.y_train[:1], _float_dtype())
+
+    def one(k):
+        tr = trace(seed(substitute(guide, data=res.params), k)).get_trace(X1, y1, res.num_data)
+        return {name: site["value"] for name, site in tr.items() if site["type"] == "sample" and not site.get("is_observed")}
+
+    return jax.vmap(one)(jax.random.split(key, num_draws))
 
 
-def _hyper_sites(res: FitResult) -> list[str]:
-    guide_tr = trace(seed(substitute(res.family.hyper_guide, data=res.params), 0)).get_trace(
-        jnp.asarray(res.X_train[:1]), jnp.asarray(res.y_train[:1], _float_dtype()), res.num_data
-    )
-    return [k for k, site in guide_tr.items() if site["type"] == "sample" and not site.get("is_observed")]
-
-
-def _hyper_log_densities(res: FitResult, values: dict, X1, y1):
+def _hyper_log_densities(family, num_data: int, params, values: dict, X1, y1):
     """(log q(θ), log p(θ)) of one draw θ, read off traces of the hyper guide and the model."""
-    family = res.family
-    guide_tr = trace(substitute(condition(family.hyper_guide, values), data=res.params)).get_trace(X1, y1, res.num_data)
-    model_tr = trace(seed(substitute(condition(family.model, values), data=res.params), 0)).get_trace(X1, y1, res.num_data)
+    guide_tr = trace(substitute(condition(family.hyper_guide, values), data=params)).get_trace(X1, y1, num_data)
+    model_tr = trace(seed(substitute(condition(family.model, values), data=params), 0)).get_trace(X1, y1, num_data)
     log_q = sum(jnp.sum(guide_tr[k]["fn"].log_prob(v)) for k, v in values.items())
     log_p = sum(jnp.sum(model_tr[k]["fn"].log_prob(v)) for k, v in values.items())
     return log_q, log_p
@@ -130,32 +132,41 @@ def _check_draws(res: FitResult, draws: InducingDraws) -> None:
 
 
 # ----------------------------------------------------------------------------- q(u) draws
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _draw_inducing(family, num_data: int, params, hyper, keys, X1, y1):
+    """vmap over draws s of (u_s ``[L, GM]``, log q, log p) given θ_s (``hyper``, possibly empty).
+
+    Module-level and jitted with the family static, so repeated calls for one fit compile once.
+    """
+
+    def one(h, key):
+        parts = _parts(family, {**params, **h})
+        q, p = family.posterior(parts), family.prior(parts)
+        w = q.sample(key)  # [L, GM]  (v when whitened)
+        log_q, log_p = q.log_prob(w), p.log_prob(w)
+        if family.spec.whiten:
+            # u = Luu v: both densities pick up the same Jacobian −L Σ log diag Luu
+            log_det = w.shape[0] * jnp.sum(jnp.log(jnp.diagonal(parts.Luu, axis1=-2, axis2=-1)))
+            w, log_q, log_p = _blockdiag_times(parts.Luu, w), log_q - log_det, log_p - log_det
+        if h:
+            hq, hp = _hyper_log_densities(family, num_data, params, h, X1, y1)
+            log_q, log_p = log_q + hq, log_p + hp
+        return w, log_q, log_p
+
+    return jax.vmap(one)(hyper, keys)
+
+
 def sample_inducing(res: FitResult, num_draws: int, key) -> InducingDraws:
     """Draw (θ_s, u_s) ~ q(θ) q(u | θ), s = 1..S, with log q and log p(u) (+ log p(θ)) of each."""
     family = _check_family(res)
     if not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
         raise InvalidArgumentError("num_draws", f"must be a positive integer, got {num_draws!r}")
     key_h, key_u = jax.random.split(key)
-    hyper = _sample_hyper(res, key_h, num_draws)
+    hyper = _sample_hyper(res, key_h, int(num_draws))
     X1 = jnp.asarray(res.X_train[:1])
     y1 = jnp.asarray(res.y_train[:1], _float_dtype())
-
-    def one(h, key):
-        parts = _parts(family, {**res.params, **h})
-        q, p = family.posterior(parts), family.prior(parts)
-        w = q.sample(key)  # [L, GM]  (v when whitened)
-        log_q, log_p = q.log_prob(w), p.log_prob(w)
-        if res.spec.whiten:
-            # u = Luu v: both densities pick up the same Jacobian −L Σ log diag Luu
-            log_det = w.shape[0] * jnp.sum(jnp.log(jnp.diagonal(parts.Luu, axis1=-2, axis2=-1)))
-            w, log_q, log_p = _blockdiag_times(parts.Luu, w), log_q - log_det, log_p - log_det
-        if h:
-            hq, hp = _hyper_log_densities(res, h, X1, y1)
-            log_q, log_p = log_q + hq, log_p + hp
-        return w, log_q, log_p
-
-    keys = jax.random.split(key_u, num_draws)
-    u, log_q, log_p = jax.jit(jax.vmap(one))(hyper, keys)
+    keys = jax.random.split(key_u, int(num_draws))
+    u, log_q, log_p = _draw_inducing(family, int(res.num_data), res.params, hyper, keys, X1, y1)
     return InducingDraws(
         u=np.asarray(u), log_q=np.asarray(log_q, np.float64), log_prior=np.asarray(log_p, np.float64),
         hyper={k: np.asarray(v) for k, v in hyper.items()},
@@ -175,37 +186,52 @@ def _conditional(family, params, X, u):
     return mean, jnp.maximum(var, 0.0), parts.likelihood
 
 
-def _conditional_all(res: FitResult, X, draws: InducingDraws):
-    """mean ``[S, n, L]``, var ``[S, n, L]`` and the realised likelihood (θ_s-dependent when sampled)."""
-    family = res.family
-    L = draws.u.shape[1]
-    if not draws.hyper:
-        mean, var, likelihood = _conditional(family, res.params, X, jnp.asarray(draws.u))
-        return mean, jnp.broadcast_to(var[None, :, None], mean.shape[:2] + (L,)), likelihood, False
+def _conditional_all(family, params, hyper, u, X):
+    """mean ``[S, n, L]``, var ``[S, n, L]``, the realised likelihood, and whether it varies per draw."""
+    if not hyper:
+        mean, var, likelihood = _conditional(family, params, X, u)
+        return mean, jnp.broadcast_to(var[None, :, None], mean.shape), likelihood, False
 
-    def one(h, u):  # u [L, GM]
-        mean, var, likelihood = _conditional(family, {**res.params, **h}, X, u[None])
+    def one(h, u_s):  # u_s [L, GM]
+        mean, var, likelihood = _conditional(family, {**params, **h}, X, u_s[None])
         return mean[0], jnp.broadcast_to(var[:, None], mean.shape[1:]), likelihood
 
-    mean, var, likelihood = jax.vmap(one)(draws.hyper, jnp.asarray(draws.u))
+    mean, var, likelihood = jax.vmap(one)(hyper, u)
     return mean, var, likelihood, True
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _moments_chunk(family, params, hyper, u, Xc):
+    return _conditional_all(family, params, hyper, u, Xc)[:2]
+
+
+def _chunks(X, *arrays):
+    """Row chunks of ``CHUNK_ROWS`` (the last padded by repeating row 0, so one shape compiles):
+    yields (number of real rows, X chunk, other chunks)."""
+    N = X.shape[0]
+    size = min(CHUNK_ROWS, N)
+    for start in range(0, N, size):
+        stop = min(start + size, N)
+        idx = np.arange(start, start + size)
+        idx[stop - start :] = 0
+        yield stop - start, X[idx], [a[idx] for a in arrays]
 
 
 def conditional_given_u(res: FitResult, X, draws: InducingDraws):
     """Marginals of p(f_n | u_s) at X ``[N, D]``: mean ``[S, N, L]`` and var ``[S, N, L]``.
 
-    The variance Kff − Qff does not depend on u; it is broadcast over draws (a view, no copy)
-    unless hyperparameters are sampled, when it changes with θ_s.
+    The variance Kff − Qff does not depend on u; it is the same for every draw unless
+    hyperparameters are sampled, when it changes with θ_s.
     """
-    _check_family(res)
+    family = _check_family(res)
     _check_draws(res, draws)
     X = _check_inputs(res, X)
-    fn = jax.jit(lambda Xc: _conditional_all(res, Xc, draws)[:2])
+    hyper = {k: jnp.asarray(v) for k, v in draws.hyper.items()}
     means, vars_ = [], []
-    for start in range(0, X.shape[0], CHUNK_ROWS):
-        mean, var = fn(jnp.asarray(X[start : start + CHUNK_ROWS]))
-        means.append(np.asarray(mean))
-        vars_.append(np.asarray(var))
+    for n, Xc, _ in _chunks(X):
+        mean, var = _moments_chunk(family, res.params, hyper, jnp.asarray(draws.u), jnp.asarray(Xc))
+        means.append(np.asarray(mean)[:, :n])
+        vars_.append(np.asarray(var)[:, :n])
     return np.concatenate(means, axis=1), np.concatenate(vars_, axis=1)
 
 
@@ -230,33 +256,34 @@ def _replicate(likelihood, mean, var, key):
     return y_mean[:, 0] + jnp.sqrt(y_var[:, 0]) * jax.random.normal(key_y, y_mean.shape[:1], y_mean.dtype)
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _pointwise_chunk(family, params, hyper, u, Xc, yc, key):
+    """log p(y_n | u_s) ``[S, n]`` and replicates ``[S, n]`` for one chunk of inputs."""
+    mean, var, likelihood, per_draw = _conditional_all(family, params, hyper, u, Xc)  # [S, n, L] each
+    S = mean.shape[0]
+    keys = jax.random.split(key, 2 * S).reshape(2, S, -1)
+    lik_axis = 0 if per_draw else None
+    log_lik = jax.vmap(lambda lk, m, v, k: lk.predict_log_density(yc, m, v, key=k), in_axes=(lik_axis, 0, 0, 0))(
+        likelihood, mean, var, keys[0]
+    )  # [S, n]
+    y_rep = jax.vmap(_replicate, in_axes=(lik_axis, 0, 0, 0))(likelihood, mean, var, keys[1])  # [S, n]
+    return log_lik, y_rep
+
+
 def pointwise_given_u(res: FitResult, X, y, draws: InducingDraws, key) -> PointwiseDraws:
     """log p(y_n | u_s) ``[S, N]`` via ``likelihood.predict_log_density(y_n, μ_n(u_s), σ²_n)`` and
     replicates y_n ~ p(y_n | u_s) ``[S, N]``, in chunks of ``CHUNK_ROWS`` inputs."""
-    _check_family(res)
+    family = _check_family(res)
     _check_draws(res, draws)
     X = _check_inputs(res, X)
     y = res.spec.likelihood.validate_targets(y)
     if y.shape[0] != X.shape[0]:
         raise ShapeError("y", f"has {y.shape[0]} rows but X has {X.shape[0]}")
-    S = draws.num_draws
-
-    def chunk(Xc, yc, key):
-        mean, var, likelihood, per_draw = _conditional_all(res, Xc, draws)  # [S, n, L] each
-        keys = jax.random.split(key, 2 * S).reshape(2, S, -1)
-        lik_axis = 0 if per_draw else None
-        log_lik = jax.vmap(lambda lk, m, v, k: lk.predict_log_density(yc, m, v, key=k), in_axes=(lik_axis, 0, 0, 0))(
-            likelihood, mean, var, keys[0]
-        )  # [S, n]
-        y_rep = jax.vmap(_replicate, in_axes=(lik_axis, 0, 0, 0))(likelihood, mean, var, keys[1])  # [S, n]
-        return log_lik, y_rep
-
-    chunk = jax.jit(chunk)
-    y_j = jnp.asarray(y, _float_dtype())
+    hyper = {k: jnp.asarray(v) for k, v in draws.hyper.items()}
+    u = jnp.asarray(draws.u)
     logs, reps = [], []
-    for i, start in enumerate(range(0, X.shape[0], CHUNK_ROWS)):
-        sl = slice(start, start + CHUNK_ROWS)
-        log_lik, y_rep = chunk(jnp.asarray(X[sl]), y_j[sl], jax.random.fold_in(key, i))
-        logs.append(np.asarray(log_lik, np.float64))
-        reps.append(np.asarray(y_rep))
+    for i, (n, Xc, (yc,)) in enumerate(_chunks(X, np.asarray(y, _float_dtype()))):
+        log_lik, y_rep = _pointwise_chunk(family, res.params, hyper, u, jnp.asarray(Xc), jnp.asarray(yc), jax.random.fold_in(key, i))
+        logs.append(np.asarray(log_lik, np.float64)[:, :n])
+        reps.append(np.asarray(y_rep)[:, :n])
     return PointwiseDraws(np.concatenate(logs, axis=1), np.concatenate(reps, axis=1))
