@@ -12,6 +12,15 @@ from models.kernels.convolutional import (
     WeightedConvolutional,
 )
 from models.kernels.combinators import Categorical, ChangePoint, ChangeWindow, Coregionalization, FunctionScaled
+from models.kernels.invariant import (
+    AffineAugmentation,
+    FiniteOrbit,
+    InterpretableAffineAugmentation,
+    InvariantKernel,
+    LocalDeformation,
+    Orbit,
+    RotationAugmentation,
+)
 from models.kernels.dot_product import Constant, Linear, Polynomial, White
 from models.kernels.stationary import (
     RBF,
@@ -38,6 +47,13 @@ from models.kernels.symmetry import (
 )
 
 __all__ = [
+    "AffineAugmentation",
+    "FiniteOrbit",
+    "InterpretableAffineAugmentation",
+    "InvariantKernel",
+    "LocalDeformation",
+    "Orbit",
+    "RotationAugmentation",
     "AdditiveColourConvolutional",
     "ConvolutionProducts",
     "Convolutional",
