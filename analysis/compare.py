@@ -162,7 +162,7 @@ def compare_loo(datatrees: Mapping[str, xr.DataTree], *, method: str = "stacking
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         if len(loos) > 1:
-            table = az.compare(loos, method=method)
+            table = az.compare(loos, method=method, round_to="none")
         else:
             (name, loo), = loos.items()
             table = pd.DataFrame({"rank": [0], "elpd": [loo.elpd], "p": [loo.p], "elpd_diff": [0.0], "weight": [1.0],

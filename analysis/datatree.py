@@ -44,12 +44,14 @@ from inference.fit import FitResult, predict
 from inference.posterior import pointwise_given_u, sample_inducing
 from models.errors import InvalidArgumentError, ShapeError
 
-__all__ = ["MAX_STORED_FEATURES", "LOO_VAR_NAME", "to_datatree"]
+__all__ = ["LOO_VAR_NAME", "MAX_STORED_FEATURES", "MIN_DRAWS", "to_datatree"]
 
 #: Inputs with at most this many columns are stored in ``constant_data``; wider ones (images) are not.
 MAX_STORED_FEATURES = 64
 #: The log-likelihood variable PSIS-LOO is computed on (the data the posterior is conditioned on).
 LOO_VAR_NAME = "y_train"
+#: Fewest draws accepted: PSIS fits a Pareto tail to min(S/5, 3√S) draws and needs at least 5.
+MIN_DRAWS = 25
 
 
 def to_datatree(res: FitResult, X_test, y_test, *, num_draws: int = 200, seed: int = 0,
@@ -61,8 +63,10 @@ def to_datatree(res: FitResult, X_test, y_test, *, num_draws: int = 200, seed: i
     """
     if not isinstance(res, FitResult):
         raise InvalidArgumentError("res", f"expected a FitResult from inference.fit, got {type(res).__name__}")
-    if not isinstance(num_draws, (int, np.integer)) or num_draws < 4:
-        raise InvalidArgumentError("num_draws", f"must be an integer >= 4 (ArviZ diagnostics need a few draws), got {num_draws!r}")
+    if not isinstance(num_draws, (int, np.integer)) or num_draws < MIN_DRAWS:
+        raise InvalidArgumentError(
+            "num_draws", f"must be an integer >= {MIN_DRAWS} (PSIS-LOO fits a Pareto tail to the largest draws), got {num_draws!r}"
+        )
     X_test = np.asarray(X_test)
     y_test = res.spec.likelihood.validate_targets(y_test)
     if X_test.ndim != 2 or X_test.shape[0] != y_test.shape[0]:

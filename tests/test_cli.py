@@ -1,0 +1,142 @@
+"""The ``gpzoo`` command end to end on tiny data, the report files, and one-line errors."""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis import datasets
+from analysis.cli import main
+from models import zoo
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--steps", "8", "--batch-size", "20", "--num-train", "40", "--num-test", "30", "--num-inducing", "6",
+        "--num-draws", "40", "--quiet"]
+
+
+class _Links(HTMLParser):
+    """Collects <a href> targets and <img src> values."""
+
+    def __init__(self):
+        super().__init__()
+        self.hrefs, self.images = [], []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "a":
+            self.hrefs.append(attrs.get("href"))
+        elif tag == "img":
+            self.images.append(attrs.get("src"))
+
+
+def _run(argv, capsys):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    """`gpzoo compare` on 40 rectangles with a conv model (when the zoo has one) and svgp-rbf."""
+    out = tmp_path_factory.mktemp("report") / "rectangles"
+    models = ["svgp-rbf"] + [m for m in ("conv",) if m in zoo.names()]
+    code = main(["compare", "--data", "rectangles", "--models", ",".join(models), "--out", str(out), *TINY])
+    return code, out, models
+
+
+def test_list(capsys):
+    code, out, _ = _run(["list"], capsys)
+    assert code == 0
+    for name in [*zoo.names(), *datasets.names()]:
+        assert name in out
+    assert "Models:" in out and "Datasets:" in out
+
+
+def test_compare_writes_every_file(compared):
+    code, out, models = compared
+    assert code == 0
+    for name in ("report.html", "report.md", "comparison.csv", "report.json", "figures/elbo_traces.png"):
+        assert (out / name).is_file(), name
+    for model in models:
+        assert (out / "models" / f"{model}.nc").is_file() and (out / "models" / f"{model}.json").is_file()
+        assert (out / "figures" / f"pava_{model}.png").is_file()  # rectangles is binary
+    if len(models) > 1:
+        assert (out / "figures" / "compare_loo.png").is_file()
+    table = pd.read_csv(out / "comparison.csv", index_col="model")
+    assert sorted(table.index) == sorted(models)
+    assert {"elbo", "elbo_se", "d_elbo", "elpd_loo", "pareto_k_max", "test_accuracy"} <= set(table.columns)
+    assert "PSIS-LOO" in (out / "report.md").read_text()
+
+
+def test_html_is_self_contained_and_references_every_figure(compared):
+    _, out, _ = compared
+    parser = _Links()
+    parser.feed((out / "report.html").read_text(encoding="utf-8"))
+    parser.close()
+    pngs = sorted(p.relative_to(out).as_posix() for p in (out / "figures").glob("*.png"))
+    assert pngs and sorted(h for h in parser.hrefs if h.endswith(".png")) == pngs
+    embedded = {base64.b64decode(src.split(",", 1)[1]) for src in parser.images}
+    assert all(src.startswith("data:image/png;base64,") for src in parser.images)
+    assert embedded == {(out / p).read_bytes() for p in pngs}
+
+
+def test_report_rebuilds_the_same_tables(compared, capsys):
+    _, out, models = compared
+    before = (out / "comparison.csv").read_text()
+    (out / "comparison.csv").unlink()
+    (out / "report.html").unlink()
+    code, printed, err = _run(["report", str(out)], capsys)
+    assert code == 0, err
+    assert (out / "comparison.csv").read_text() == before
+    assert (out / "report.html").is_file()
+    assert all(m in printed for m in models)
+
+
+def _error(argv, capsys, code):
+    status, out, err = _run(argv, capsys)
+    assert status == code
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpzoo: error:"), err
+    return lines[0]
+
+
+def test_unknown_model_and_dataset_list_valid_names(tmp_path, capsys):
+    line = _error(["compare", "--data", "two-moons", "--models", "svgp-rbf,nope", "--out", str(tmp_path)], capsys, 2)
+    assert "'nope'" in line and all(name in line for name in zoo.names())
+    line = _error(["fit", "--data", "nope", "--model", "svgp-rbf", "--out", str(tmp_path)], capsys, 2)
+    assert "'nope'" in line and all(name in line for name in datasets.names())
+    _error(["fit", "--data", "two-moons", "--out", str(tmp_path)], capsys, 2)  # --model missing
+    _error(["compare", "--steps", "-3", "--out", str(tmp_path)], capsys, 2)
+    assert not any(tmp_path.iterdir())  # nothing written before the inputs are checked
+
+
+def test_unwritable_output_directory(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    line = _error(["fit", "--data", "two-moons", "--model", "svgp-rbf", "--out", str(blocker / "out"), *TINY], capsys, 1)
+    assert "cannot write" in line
+
+
+@pytest.mark.skipif("conv" not in zoo.names(), reason="no convolutional model registered")
+def test_conv_model_on_tabular_data(tmp_path, capsys):
+    line = _error(["compare", "--data", "two-moons", "--models", "svgp-rbf,conv", "--out", str(tmp_path)], capsys, 2)
+    assert "needs image data" in line and "two-moons" in line
+
+
+def test_console_script_entry_point(tmp_path):
+    """The installed `gpzoo` script (pyproject: analysis.cli:main) runs and reports errors the same way."""
+    script = Path(sys.executable).with_name("gpzoo")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "analysis.cli"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([*command, "compare", "--models", "nope", "--out", str(tmp_path)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("gpzoo: error: unknown model 'nope'")
