@@ -2,7 +2,7 @@
 
 Every builder takes the dataset facts (``input_dim``, ``task``, ``num_classes``, ``image_shape``)
 and options (``patch_shape``, ``num_inducing``, hyperparameter initial values, ``whiten``,
-``q_structure``, ``inducing_init``, ``products``, ``normalisation``). Defaults follow the paper's
+``q_structure``, ``inducing_init``, ``products`` ("matmul" or "conv"), ``normalisation``). Defaults follow the paper's
 setups (3×3 patches, M = 16, training with Adam at 0.01 and minibatches of 100):
 
 * base kernel: SE on patches, lengthscale max(1, √E / 3) for patches of E values in [0, 1]
@@ -124,7 +124,7 @@ def _register_conv(name, description, *, weighted, colour_patch):
         whiten: bool = True,
         q_structure: str = "full",
         inducing_init: str = "random",
-        products: str = "conv",
+        products: str = "matmul",
         normalisation: str = "mean",
     ) -> ModelSpec:
         return _conv_model(name, weighted=weighted, colour_patch=colour_patch, rbf=False, **_locals(locals()))
@@ -149,7 +149,7 @@ def _register_conv_rbf(name, description, *, weighted):
         whiten: bool = True,
         q_structure: str = "full",
         inducing_init: str = "random",
-        products: str = "conv",
+        products: str = "matmul",
         normalisation: str = "mean",
     ) -> ModelSpec:
         return _conv_model(name, weighted=weighted, colour_patch=False, rbf=True, **_locals(locals()))
@@ -186,7 +186,7 @@ def _additive_colour(
     whiten: bool = True,
     q_structure: str = "full",
     inducing_init: str = "random",
-    products: str = "conv",
+    products: str = "matmul",
     normalisation: str = "mean",
 ) -> ModelSpec:
     shape = _image_shape(image_shape, input_dim)
@@ -212,7 +212,7 @@ def _multichannel(
     whiten: bool = True,
     q_structure: str = "block",
     inducing_init: str = "random",
-    products: str = "conv",
+    products: str = "matmul",
     normalisation: str = "mean",
 ) -> ModelSpec:
     shape = _image_shape(image_shape, input_dim)

@@ -470,3 +470,21 @@ def test_component_variances_and_patch_figure(fitted):
     assert patches.patches.shape == (6, 3, 3, 1) and patches.outputs.shape == (1, 6, 1)
     fig = inducing_patches_figure(out["conv"])
     assert isinstance(fig, Figure) and len([ax for ax in fig.axes if ax.images]) == 6
+
+
+@pytest.mark.benchmark
+def test_conv_kernels_benchmark_runs_quick(tmp_path):
+    """benchmarks/conv_kernels.py still runs against the library (tiny sizes; ``-m benchmark``)."""
+    import importlib.util  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "conv_kernels.py"
+    spec = importlib.util.spec_from_file_location("_benchmark_conv_kernels", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    report = module.main(["--quick", "--out", str(tmp_path / "conv_kernels.json")])
+    assert {"machine", "rates", "bound_s", "step_over_bound", "timings", "agreement"} <= set(report)
+    assert all(v < 1e-4 for v in report["agreement"].values())
+    assert report["step_over_bound"]["cpu_s"]["elbo_step"] > 0

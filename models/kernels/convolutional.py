@@ -73,7 +73,7 @@ __all__ = [
 NORMALISATIONS = ("mean", "sum")
 KFF_METHODS = ("auto", "fused", "checkpoint", "naive")
 #: Target number of elements of one ``[R, block, P]`` tile of the Kff diagonal (see benchmarks/conv_kernels.py).
-KFF_TILE_ELEMENTS = 2**21
+KFF_TILE_ELEMENTS = 2**22
 _HIGHEST = jax.lax.Precision.HIGHEST  # distances by expansion need full-precision dots (no TF32 on GPUs)
 
 
@@ -323,7 +323,9 @@ class ConvolutionalKernel(Kernel):
     ``Kzz`` / ``Kzx`` are the inter-domain covariances that :mod:`inference.inducing` registers
     for :class:`~inference.inducing.InducingPatches` (seed 000 eq. 15–16, 19, 23).
 
-    Options: ``products`` ("conv", "matmul" or a strategy object) computes patch inner products;
+    Options: ``products`` ("matmul" — the default, 1.3–1.7× faster than "conv" for Kuf on the
+    benchmark CPU, see benchmarks/conv_kernels.py — "conv", or any strategy object with
+    ``__call__(images [B, H, W, C], filters [F, h, w, C]) -> [B, P, F]``) computes patch inner products;
     ``kff_method`` picks the Kff-diagonal path (:data:`KFF_METHODS`); ``kff_block`` fixes its row
     block (default: tiles of about :data:`KFF_TILE_ELEMENTS` elements).
     """
@@ -332,7 +334,7 @@ class ConvolutionalKernel(Kernel):
     image_shape: tuple = static()
     patch_shape: tuple = static((3, 3))
     normalisation: str = static("mean", kw_only=True)
-    products: Any = static("conv", kw_only=True)
+    products: Any = static("matmul", kw_only=True)
     kff_method: str = static("auto", kw_only=True)
     kff_block: int | None = static(None, kw_only=True)
 
@@ -579,13 +581,11 @@ class ConvolutionalKernel(Kernel):
             patches = jnp.moveaxis(patches, 0, -1).reshape(-1, self.patch_dim)  # [N*P, h*w*C]
         return patches.reshape(-1, patches.shape[-1])  # [N*S*P, E]
 
-    @classmethod
-    def _weights_shape(cls, image_shape, patch_shape, **options) -> tuple[int, ...] | None:
-        return None
 
-
-def _unit(shape):
-    return jnp.ones(shape)
+def _grid_patches(image_shape, patch_shape) -> int:
+    """P for ``create`` (at least 1, so that a patch larger than the image reaches the typed check)."""
+    H, W, _ = image_dims(image_shape)
+    return max(1, H - int(patch_shape[0]) + 1) * max(1, W - int(patch_shape[1]) + 1)
 
 
 @kernel_class
@@ -629,8 +629,9 @@ class WeightedConvolutional(Convolutional):
     @classmethod
     def create(cls, base_kernel, image_shape, patch_shape=(3, 3), **options):
         """The kernel with unit weights (equal to :class:`Convolutional` until trained)."""
-        probe = Convolutional(base_kernel, image_shape, patch_shape, channels=options.get("channels", "patch"))
-        return cls(base_kernel, image_shape, patch_shape, weights=_unit(probe.num_streams * probe.num_patches), **options)
+        streams = image_dims(image_shape)[2] if options.get("channels", "patch") == "separate" else 1
+        weights = jnp.ones(streams * _grid_patches(image_shape, patch_shape))  # [S*P]
+        return cls(base_kernel, image_shape, patch_shape, weights=weights, **options)
 
     def _raw_weights(self):
         return jnp.reshape(self.weights, (self.num_streams, self.num_patches))  # [S, P]
@@ -658,10 +659,9 @@ class AdditiveColourConvolutional(ConvolutionalKernel):
     @classmethod
     def create(cls, base_kernel, image_shape, patch_shape=(3, 3), **options):
         """Unit patch weights, channel variances 1/C (so g̃ starts with the base kernel's variance)."""
-        _, _, C = image_dims(image_shape)
-        H, W, _ = image_dims(image_shape)
-        P = max(1, H - patch_shape[0] + 1) * max(1, W - patch_shape[1] + 1)
-        return cls(base_kernel, image_shape, patch_shape, weights=_unit(P), channel_variances=_unit(C) / C, **options)
+        C = image_dims(image_shape)[2]
+        weights = jnp.ones(_grid_patches(image_shape, patch_shape))  # [P]
+        return cls(base_kernel, image_shape, patch_shape, weights=weights, channel_variances=jnp.ones(C) / C, **options)
 
     @property
     def num_streams(self) -> int:
@@ -707,9 +707,8 @@ class MultiChannelConvolutional(ConvolutionalKernel):
     @classmethod
     def create(cls, base_kernel, image_shape, patch_shape=(3, 3), **options):
         """Unit weights for every channel and patch."""
-        H, W, C = image_dims(image_shape)
-        P = max(1, H - patch_shape[0] + 1) * max(1, W - patch_shape[1] + 1)
-        return cls(base_kernel, image_shape, patch_shape, weights=_unit((C, P)), **options)
+        weights = jnp.ones((image_dims(image_shape)[2], _grid_patches(image_shape, patch_shape)))  # [C, P]
+        return cls(base_kernel, image_shape, patch_shape, weights=weights, **options)
 
     @property
     def num_streams(self) -> int:
