@@ -11,13 +11,14 @@ Thin by design: it loads a dataset, builds specs from the zoo with the dataset's
 ``inference.fit`` (progress bars) and ``analysis.report.report``, and prints a summary table.
 Every failure is one line on stderr (``gpzoo: error: ...``) and a non-zero exit status:
 2 for bad usage (unknown model or dataset, incompatible pair, bad option), 1 for a failure while
-running (unwritable directory, diverged fit, broken report directory).
+running (unwritable directory, diverged fit, broken report directory, or an unexpected error —
+``GPZOO_TRACEBACK=1`` shows its traceback).
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
+import os
 import sys
 import time
 from pathlib import Path
@@ -264,22 +265,27 @@ def main(argv=None) -> int:
     import matplotlib  # noqa: PLC0415 - figures are written to files: no display needed
 
     matplotlib.use("Agg")
+    from analysis.datasets import UnknownDatasetError  # noqa: PLC0415
     from models.errors import GPZooError  # noqa: PLC0415
+    from models.zoo import UnknownModelError  # noqa: PLC0415
 
     try:
         return _COMMANDS[args.command](args, sys.stdout)
-    except UsageError as exc:
+    except (UsageError, UnknownModelError, UnknownDatasetError) as exc:
         print(f"gpzoo: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyError as exc:  # UnknownModelError / UnknownDatasetError raised deeper down
-        print(f"gpzoo: error: {_one_line(exc)}", file=sys.stderr)
-        return EXIT_USAGE
-    except (GPZooError, OSError, ValueError) as exc:
+    except (GPZooError, OSError) as exc:
         print(f"gpzoo: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_FAILURE
     except KeyboardInterrupt:
         print("gpzoo: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - a bug: still one line, the traceback on request
+        if os.environ.get("GPZOO_TRACEBACK"):
+            raise
+        print(f"gpzoo: error: unexpected {type(exc).__name__}: {_one_line(exc)} "
+              "(set GPZOO_TRACEBACK=1 for the traceback)", file=sys.stderr)
+        return EXIT_FAILURE
 
 
 if __name__ == "__main__":

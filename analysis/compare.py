@@ -153,7 +153,7 @@ def compare_loo(datatrees: Mapping[str, xr.DataTree], *, method: str = "stacking
 
     ArviZ's columns (``rank``, ``elpd``, ``p``, ``elpd_diff``, ``weight``, ``se``, ``dse``,
     ``warning``, ...) plus the Pareto-k diagnostics (``pareto_k_max``, ``num_bad_k`` = points with
-    k above ArviZ's ``good_k`` threshold, ``good_k``) and the held-out ``elpd_test`` ± ``elpd_test_se``.
+    k above ArviZ's ``good_k`` threshold or not estimable, ``good_k``) and the held-out ``elpd_test`` ± ``elpd_test_se``.
     """
     import arviz as az
 
@@ -172,7 +172,7 @@ def compare_loo(datatrees: Mapping[str, xr.DataTree], *, method: str = "stacking
     for name, loo in loos.items():
         k = np.asarray(loo.pareto_k)
         table.loc[name, "pareto_k_max"] = float(np.max(k))
-        table.loc[name, "num_bad_k"] = int(np.sum(k > loo.good_k))
+        table.loc[name, "num_bad_k"] = int(np.sum(~(k <= loo.good_k)))  # NaN (failed tail fit) counts as bad
         table.loc[name, "good_k"] = float(loo.good_k)
         table.loc[name, "elpd_test"], table.loc[name, "elpd_test_se"] = heldout_elpd(datatrees[name])
     table["num_bad_k"] = table["num_bad_k"].astype(int)

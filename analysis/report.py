@@ -254,6 +254,13 @@ def rebuild_report(out_dir) -> Path:
     return out / "report.html"
 
 
+def _class_probs(moments: xr.DataTree) -> np.ndarray:
+    """Test-set class probabilities ``[T, C]``, rows renormalised: quadrature-based likelihoods
+    (RobustMax) sum to one only up to their quadrature error (~1e-3), beyond calibration's tolerance."""
+    probs = np.clip(moments["probs"].values, 0.0, None)  # [T, C]
+    return probs / probs.sum(axis=1, keepdims=True)
+
+
 def heldout_metrics(dt: xr.DataTree) -> dict[str, float]:
     """Held-out scores from a model's DataTree (``analysis.calibration`` on its predictive moments)."""
     task = dt.attrs.get("task", "regression")
@@ -261,7 +268,7 @@ def heldout_metrics(dt: xr.DataTree) -> dict[str, float]:
     y = dt["observed_data"]["y"].values
     scores: dict[str, float] = {}
     if "probs" in moments.data_vars:
-        result = calibration.classification_metrics(moments["probs"].values, y)
+        result = calibration.classification_metrics(_class_probs(moments), y)
         for key in ("accuracy", "nll", "ece", "brier"):
             scores[key] = result[key]
     elif task == "regression":
@@ -327,7 +334,7 @@ def _model_figures(dt: xr.DataTree):
     if task == "binary":
         yield calibration.pav_calibration_figure(dt, var_name="y"), "pava", "PAV calibration on the test set (az.plot_ppc_pava)"
     if "probs" in moments.data_vars:
-        yield calibration.reliability_figure(moments["probs"].values, y), "reliability", "reliability diagram (test set)"
+        yield calibration.reliability_figure(_class_probs(moments), y), "reliability", "reliability diagram (test set)"
     elif task == "regression":
         mean, var = moments["y_mean"].values[:, 0], moments["y_var"].values[:, 0]
         yield calibration.pit_figure(y, mean, var), "pit", "PIT of the predictive on the test set"
