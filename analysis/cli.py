@@ -222,8 +222,11 @@ def _print_summary(out_dir: Path, out, summary_columns) -> None:
     table = pd.read_csv(out_dir / "comparison.csv", index_col="model")
     with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.4g}".format):
         print(table[summary_columns(table)].to_string(), file=out)
-    verdict = (out_dir / "report.md").read_text(encoding="utf-8").split("**")[1]
-    print(verdict, file=out)
+    markdown = (out_dir / "report.md").read_text(encoding="utf-8")
+    print(markdown.split("**")[1], file=out)  # the ELBO-vs-LOO verdict
+    for line in markdown.splitlines():
+        if line.startswith("PSIS-LOO is unreliable"):
+            print(line, file=out)
 
 
 def _cmd_fit(args, out) -> int:

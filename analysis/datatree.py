@@ -132,7 +132,7 @@ def to_datatree(res: FitResult, X_test, y_test, *, num_draws: int = 200, seed: i
             "inference_library": "gpzoo (numpyro SVI)",
         }),
         "constant_data": _netcdf_attrs(constant_attrs),
-        "sample_stats": {"log_p": "log p(u) + sum_n log p(y_train_n | u)", "log_q": "log q(u)"},
+        "sample_stats": {"log_p": "log p(u) [+ log p(theta)] + sum_n log p(y_train_n | u)", "log_q": "log q(u) [+ log q(theta)]"},
     }
     dt = from_dict(data, dims=dims, coords=coords, attrs=attrs)
     dt["predictive_moments"] = xr.DataTree(_predictive_moments(pred, len(y_test), L))

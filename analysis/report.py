@@ -245,12 +245,13 @@ def rebuild_report(out_dir) -> Path:
     loo = compare_loo(trees)
     test = {name: heldout_metrics(dt) for name, dt in trees.items()}
     disagreements = ranking_disagreements(elbo, loo)
+    warnings_ = _loo_reliability(loo, {name: int(dt.attrs.get("num_train", 0)) for name, dt in trees.items()})
     table = comparison_table(elbo, loo, test, metrics)
     table.to_csv(out / "comparison.csv", float_format="%.10g")
 
     figures = _write_figures(out, info, trees, loo)
-    _write_text(out / "report.md", _markdown(info, table, disagreements, figures))
-    _write_text(out / "report.html", _html(info, table, disagreements, figures, out))
+    _write_text(out / "report.md", _markdown(info, table, disagreements, warnings_, figures))
+    _write_text(out / "report.html", _html(info, table, disagreements, warnings_, figures, out))
     return out / "report.html"
 
 
@@ -369,6 +370,16 @@ def _markdown_table(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def _loo_reliability(loo: pd.DataFrame, num_train: Mapping[str, int]) -> str:
+    """A sentence naming the models whose PSIS-LOO has points with Pareto k above ``good_k`` ("" if none)."""
+    flagged = [f"{name} ({int(row['num_bad_k'])} of {num_train.get(name) or '?'} points with k > {row['good_k']:.2f})"
+               for name, row in loo.sort_values("rank").iterrows() if row["num_bad_k"] > 0]
+    if not flagged:
+        return ""
+    return ("PSIS-LOO is unreliable for " + ", ".join(flagged)
+            + "; compare elpd_test (held-out log predictive density) as well.")
+
+
 def _verdict(disagreements: list[str]) -> str:
     if not disagreements:
         return "ELBO and PSIS-LOO rank the models in the same order."
@@ -394,7 +405,7 @@ _NOTES = (
 )
 
 
-def _markdown(info: dict, table: pd.DataFrame, disagreements: list[str], figures: list[dict]) -> str:
+def _markdown(info: dict, table: pd.DataFrame, disagreements: list[str], loo_warning: str, figures: list[dict]) -> str:
     parts = [
         f"# gpzoo model comparison — {info['dataset'].get('name') or 'report'}",
         "",
@@ -402,6 +413,7 @@ def _markdown(info: dict, table: pd.DataFrame, disagreements: list[str], figures
         "",
         f"**{_verdict(disagreements)}**",
         "",
+        *([loo_warning, ""] if loo_warning else []),
         "## Summary",
         "",
         _markdown_table(table[summary_columns(table)]),
@@ -431,7 +443,7 @@ figcaption { font-size: 0.85em; max-width: 520px; }
 """.strip()
 
 
-def _html(info: dict, table: pd.DataFrame, disagreements: list[str], figures: list[dict], out: Path) -> str:
+def _html(info: dict, table: pd.DataFrame, disagreements: list[str], loo_warning: str, figures: list[dict], out: Path) -> str:
     title = f"gpzoo model comparison — {info['dataset'].get('name') or 'report'}"
     summary = table[summary_columns(table)].map(_fmt).to_html(escape=True, border=0)
     full = table.map(_fmt).to_html(escape=True, border=0)
@@ -462,6 +474,7 @@ def _html(info: dict, table: pd.DataFrame, disagreements: list[str], figures: li
 <p>Data: {html.escape(_dataset_line(info))}</p>
 <p>Settings: {settings}; created {html.escape(info.get('created', ''))}.</p>
 <div class="{verdict_class}"><strong>{html.escape(_verdict(disagreements) if not disagreements else 'ELBO and PSIS-LOO disagree on the ranking.')}</strong>{items}</div>
+{f'<p>{html.escape(loo_warning)}</p>' if loo_warning else ''}
 <h2>Summary</h2>
 {summary}
 <p>{html.escape(_NOTES)}</p>
