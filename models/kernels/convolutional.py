@@ -325,7 +325,8 @@ class ConvolutionalKernel(Kernel):
 
     Options: ``products`` ("matmul" — the default, 1.3–1.7× faster than "conv" for Kuf on the
     benchmark CPU, see benchmarks/conv_kernels.py — "conv", or any strategy object with
-    ``__call__(images [B, H, W, C], filters [F, h, w, C]) -> [B, P, F]``) computes patch inner products;
+    ``__call__(images [B, H, W, C], filters [F, h, w, C]) -> [B, P, F]``, hashable since it is
+    static pytree data) computes patch inner products;
     ``kff_method`` picks the Kff-diagonal path (:data:`KFF_METHODS`); ``kff_block`` fixes its row
     block (default: tiles of about :data:`KFF_TILE_ELEMENTS` elements).
     """
