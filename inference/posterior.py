@@ -23,7 +23,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpyro
 from numpyro.handlers import condition, seed, substitute, trace
 
 from inference.fit import FitResult, _float_dtype
