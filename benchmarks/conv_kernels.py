@@ -11,7 +11,8 @@ and a warm-up call excluded), as wall-clock and as process CPU time (all threads
 * ``exp``: ``sum(exp(−x))`` over B·P² float32 elements — the machine's exp throughput;
 * ``matmul``: an n×n by n×n float32 product — the machine's matmul throughput (2n³ flops);
 * ``kuf_conv`` / ``kuf_matmul``: Kuf ``[1, M, N]`` by the two patch-product strategies, forward
-  and forward + backward (gradient w.r.t. Z and the lengthscale); they must agree;
+  and forward + backward (gradient w.r.t. Z and the lengthscale, fixed random cotangent); they
+  must agree;
 * ``kff_fused`` / ``kff_checkpoint`` / ``kff_naive``: the Kff diagonal forward + backward
   (gradient w.r.t. lengthscale and variance) by the custom-VJP sweep, by row blocks under
   ``jax.checkpoint``, and by plain autodiff of the ``[B, P, P]`` formula; they must agree;
@@ -105,20 +106,24 @@ def build_cases(B: int, image: int, patch: int, M: int, steps: int, matmul_n: in
     kernel = spec.kernel
     P, E = kernel.num_patches, kernel.patch_dim
 
+    cot_key, kff_key = jax.random.split(jax.random.PRNGKey(seed + 1))
+    kuf_cotangent = jax.random.normal(cot_key, (M, B), DTYPE)  # [M, N]
+    kff_cotangent = jax.random.normal(kff_key, (B,), DTYPE)  # [N]
+
     def kuf(products):
         def value(Z, X, ls):
             k = _with_base(kernel, lengthscale=ls, products=products)
             return k.Kzx(Z, X)  # [1, M, N]
 
         def grads(Z, X, ls):
-            return jax.grad(lambda Z, ls: jnp.sum(jnp.sin(value(Z, X, ls))), argnums=(0, 1))(Z, ls)
+            return jax.grad(lambda Z, ls: jnp.sum(value(Z, X, ls)[0] * kuf_cotangent), argnums=(0, 1))(Z, ls)
 
         return jax.jit(value), jax.jit(grads)
 
     def kff(method):
         def loss(ls, var, X):
             k = _with_base(kernel, lengthscale=ls, variance=var, kff_method=method)
-            return jnp.sum(jnp.sin(k.K_diag(X)))  # sin: a non-trivial cotangent per image
+            return jnp.dot(k.K_diag(X), kff_cotangent)  # a fixed random cotangent per image
 
         return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
 
