@@ -183,7 +183,10 @@ def fit(
     svi = SVI(family.model, family.guide, optax_to_numpyro(optimizer), TraceMeanField_ELBO())
     batches = _BatchSchedule(N, B, seed)
     init_idx = batches(0)
-    state = jax.jit(lambda key, Xb, yb: svi.init(key, Xb, yb, num_data=N))(key_svi, X_j[init_idx], y_j[init_idx])
+    if family.hyper_guide is None:
+        state = jax.jit(lambda key, Xb, yb: svi.init(key, Xb, yb, num_data=N))(key_svi, X_j[init_idx], y_j[init_idx])
+    else:  # the autoguide records concrete prototype values at init: it must not run under jit
+        state = svi.init(key_svi, X_j[init_idx], y_j[init_idx], num_data=N)
     family.check_analytic_kl()
 
     start, elbo_hist, lr_hist = 0, [], []
