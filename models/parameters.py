@@ -43,12 +43,36 @@ def static(default: Any = dataclasses.MISSING, *, kw_only=False):
 
 
 def pytree_dataclass(cls):
-    """Make ``cls`` a frozen dataclass registered as a JAX pytree (static fields as metadata)."""
+    """Make ``cls`` a frozen dataclass registered as a JAX pytree (static fields as metadata).
+
+    Unflattening rebuilds the object *without* running ``__init__``/``__post_init__``: the
+    leaves JAX puts back need not be valid hyperparameters (cotangents of a lengthscale may be
+    negative, ``vmap``/``tree_map`` use placeholders), and construction-time normalisation has
+    already happened on the object that was flattened. So ``jax.grad`` with respect to a kernel
+    object returns a kernel-shaped pytree of gradients.
+    """
     cls = dataclasses.dataclass(frozen=True, eq=False, repr=True)(cls)
     fields = dataclasses.fields(cls)
-    data = [f.name for f in fields if not f.metadata.get("static")]
-    meta = [f.name for f in fields if f.metadata.get("static")]
-    return jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta)
+    data = tuple(f.name for f in fields if not f.metadata.get("static"))
+    meta = tuple(f.name for f in fields if f.metadata.get("static"))
+    keys = tuple(jax.tree_util.GetAttrKey(name) for name in data)
+
+    def flatten_with_keys(obj):
+        return tuple((key, getattr(obj, name)) for key, name in zip(keys, data)), tuple(getattr(obj, n) for n in meta)
+
+    def flatten(obj):
+        return tuple(getattr(obj, name) for name in data), tuple(getattr(obj, n) for n in meta)
+
+    def unflatten(aux, children):
+        obj = object.__new__(cls)
+        for name, value in zip(data, children):
+            object.__setattr__(obj, name, value)
+        for name, value in zip(meta, aux):
+            object.__setattr__(obj, name, value)
+        return obj
+
+    jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
+    return cls
 
 
 def _is_child_tuple(value) -> bool:

@@ -237,6 +237,27 @@ def test_eager_evaluation_equals_jit_with_the_kernel_as_an_argument(case):
     np.testing.assert_allclose(kernel.K(f["X"], f["Y"]), f["K_xy"], rtol=1e-10, atol=1e-14)
 
 
+def test_grad_with_respect_to_a_kernel_object_is_a_kernel_shaped_pytree(rng):
+    """Unflattening skips validation: cotangents (here a negative one) are not hyperparameters."""
+    X = rng.normal(size=(6, 2))
+    kernel = kern.SquaredExponential(lengthscale=0.7, variance=1.3) + kern.Matern32(lengthscale=2.0)
+
+    def total(k):
+        return jnp.sum(k.K(X))
+
+    grads = jax.grad(total)(kernel)
+    assert type(grads) is type(kernel)
+    # every leaf of the gradient equals a central finite difference of the same leaf
+    eps = 1e-6
+    for path, g in jax.tree_util.tree_leaves_with_path(grads):
+        bumped = [jax.tree_util.tree_map_with_path(lambda p, v, s=s: v + s * eps if p == path else v, kernel) for s in (1, -1)]
+        fd = (total(bumped[0]) - total(bumped[1])) / (2 * eps)
+        np.testing.assert_allclose(g, fd, rtol=1e-5, err_msg=jax.tree_util.keystr(path))
+    # a tree of negative "lengthscales" rebuilds too (construction would reject it)
+    negated = jax.tree_util.tree_map(lambda g: -jnp.abs(g) - 1.0, grads)
+    assert all(np.all(np.asarray(v) < 0) for v in jax.tree_util.tree_leaves(negated))
+
+
 # ------------------------------------------------------------------------------- NumPyro sites
 def test_distribution_fields_become_sample_sites():
     kernel = kern.ChangePoint(
