@@ -260,7 +260,7 @@ def test_robustmax_predictive_normalised_and_matches_monte_carlo():
     mean, var = jnp.asarray(CLASS_MEAN), jnp.asarray(ROBUST_VAR)
     probs = lik.predict_probs(mean, var)  # [N, C]
     assert probs.shape == (3, 3)
-    np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)  # Σ_c P_c = 1 up to quadrature error
+    np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-12)  # renormalised over classes
     f = latent_draws(CLASS_MEAN, ROBUST_VAR)
     for c in range(3):
         assert_matches_mc(probs[:, c], np.exp(robustmax_log_lik(c, f, 0.05)))
@@ -268,6 +268,19 @@ def test_robustmax_predictive_normalised_and_matches_monte_carlo():
     np.testing.assert_allclose(np.exp(log_p), probs, rtol=1e-12)
     p, v = lik.predict_mean_and_var(mean, var)
     np.testing.assert_allclose(v, p * (1.0 - p))
+
+
+def test_robustmax_predictive_sums_to_one_where_the_quadrature_errs():
+    """σ_0 ≪ σ_1: each class's 20-point rule errs by ~1e-2, the renormalised probabilities do not."""
+    lik = RobustMax(num_classes=2, epsilon=0.05)
+    mean, var = jnp.asarray([[2.0, 0.0]]), jnp.asarray([[0.1, 3.0]])
+    raw = jax.vmap(lambda c: jnp.exp(lik._log_prob_is_max(jnp.full(1, c), mean, var)))(jnp.arange(2))
+    assert abs(float(raw.sum()) - 1.0) > 1e-3
+    np.testing.assert_allclose(lik.predict_probs(mean, var).sum(-1), 1.0, atol=1e-12)
+    # the renormalised probabilities are closer to the closed form than the raw ones
+    closed_p1 = stats.norm.cdf((0.0 - 2.0) / np.sqrt(0.1 + 3.0))  # P(f_1 > f_0) exactly
+    p1 = float(lik._prob_is_max_all(mean, var)[0, 1])
+    assert abs(p1 - closed_p1) < abs(float(raw[1, 0]) - closed_p1)
 
 
 def test_robustmax_epsilon_is_fixed_by_default_and_trainable_when_a_number():
