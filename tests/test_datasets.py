@@ -247,13 +247,24 @@ def test_digits_split_and_class_subset(loaded):
     assert pair.num_train + pair.num_test == 365  # 183 threes + 182 fives
 
 
-def test_co2_is_a_monthly_extrapolation_split(loaded):
-    ds = loaded["co2"]
+def test_co2_is_a_monthly_extrapolation_split():
+    ds = datasets.load("co2", standardise=False)
     t_train, t_test = ds.X_train[:, 0], ds.X_test[:, 0]
     assert ds.num_train + ds.num_test == 521 and ds.num_test == 104
     assert np.all(np.diff(t_train) > 0) and np.all(np.diff(t_test) > 0) and t_test.min() > t_train.max()
     assert np.allclose(np.diff(t_train) * 12, np.round(np.diff(t_train) * 12))  # whole months
     assert 300 < ds.y_train.min() and ds.y_test.max() < 400 and ds.y_test.mean() > ds.y_train.mean()
+
+
+def test_co2_standardised_by_default_with_training_statistics():
+    raw, ds = datasets.load("co2", standardise=False), datasets.load("co2")
+    assert abs(ds.y_train.mean()) < 1e-12 and abs(ds.y_train.std() - 1.0) < 1e-12
+    assert ds.X_train[0, 0] == 0.0
+    np.testing.assert_allclose(np.diff(ds.X_train[:, 0]) * 10, np.diff(raw.X_train[:, 0]))
+    slope, intercept = np.polyfit(raw.y_test, ds.y_test, 1)  # an affine map of ppm, from the train split
+    np.testing.assert_allclose([slope, intercept], [1 / raw.y_train.std(), -raw.y_train.mean() / raw.y_train.std()], rtol=1e-9)
+    with pytest.raises(InvalidArgumentError, match="standardise"):
+        datasets.load("co2", standardise="yes")
 
 
 @pytest.mark.parametrize("symmetry", ["swap", "rot90"])
