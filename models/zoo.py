@@ -7,7 +7,10 @@ task) plus user options, so one name works on any compatible dataset::
 
     spec = zoo.get("svgp-rbf", input_dim=2, task="binary", num_inducing=32)
 
-Registering a model is one decorated function; ``names()`` lists them all.
+Registering a model is one decorated function; ``names()`` lists them all. A builder either
+takes every fact and option as keywords, or takes a first parameter ``common:`` :class:`Common`
+(the facts and options every model shares, filled in by :func:`get` with the defaults given to
+:func:`register`) plus its own options as keywords.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from models.errors import InvalidArgumentError
 from models.kernels import Kernel
 from models.likelihoods import Likelihood
 
-__all__ = ["ModelSpec", "UnknownModelError", "default_likelihood", "describe", "get", "names", "register"]
+__all__ = ["Common", "ModelSpec", "UnknownModelError", "default_likelihood", "describe", "get", "names", "option_names", "register"]
 
 
 class UnknownModelError(KeyError):
@@ -60,17 +63,69 @@ class ModelSpec:
         return dataclasses.replace(self, **changes)
 
 
-_REGISTRY: dict[str, tuple[Callable[..., ModelSpec], str]] = {}
+@dataclasses.dataclass(frozen=True)
+class Common:
+    """The dataset facts and fitting options every zoo model takes (see :func:`get`)."""
+
+    input_dim: int | None = None
+    task: str = "regression"
+    num_classes: int | None = None
+    image_shape: tuple[int, ...] | None = None
+    num_inducing: int = 16
+    likelihood: Likelihood | None = None
+    whiten: bool = True
+    q_structure: str = "full"
+    inducing_init: str = "random"
+
+    def resolved_likelihood(self) -> Likelihood:
+        """The given likelihood, else the task's default (:func:`default_likelihood`)."""
+        return self.likelihood or default_likelihood(self.task, self.num_classes)
+
+    def spec(self, name: str, kernel: Kernel, **fields) -> ModelSpec:
+        """A :class:`ModelSpec` with these options; ``fields`` set or override the others."""
+        values = dict(likelihood=self.resolved_likelihood(), num_inducing=self.num_inducing, whiten=self.whiten,
+                      q_structure=self.q_structure, inducing_init=self.inducing_init,
+                      image_shape=tuple(self.image_shape) if self.image_shape else None)
+        return ModelSpec(name=name, kernel=kernel, **(values | fields))
 
 
-def register(name: str, description: str):
-    """Register ``builder(**facts_and_options) -> ModelSpec`` under ``name``."""
+_COMMON_FIELDS = frozenset(f.name for f in dataclasses.fields(Common))
+_REGISTRY: dict[str, tuple[Callable[..., ModelSpec], str, dict[str, Any]]] = {}
+
+
+def register(name: str, description: str, **common_defaults):
+    """Register ``builder`` under ``name``.
+
+    ``builder(**facts_and_options) -> ModelSpec``, or ``builder(common: Common, **own_options)``
+    whose ``common`` gets ``common_defaults`` (e.g. ``num_inducing=32``) where the caller is silent.
+    """
+    unknown = sorted(set(common_defaults) - _COMMON_FIELDS)
+    if unknown:
+        raise InvalidArgumentError(unknown[0], f"not a Common field; fields: {sorted(_COMMON_FIELDS)}")
 
     def wrap(builder):
-        _REGISTRY[name] = (builder, description)
+        _REGISTRY[name] = (builder, description, common_defaults)
         return builder
 
     return wrap
+
+
+def _takes_common(builder) -> bool:
+    return next(iter(inspect.signature(builder).parameters), None) == "common"
+
+
+def option_names(name: str) -> list[str]:
+    """The option names model ``name`` accepts, sorted."""
+    _load_families()
+    builder = _entry(name)[0]
+    own = [p for p in inspect.signature(builder).parameters if p != "common"]
+    return sorted(set(own) | (_COMMON_FIELDS if _takes_common(builder) else set()))
+
+
+def _entry(name: str):
+    if name not in _REGISTRY:
+        raise UnknownModelError(f"unknown model {name!r}; valid: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
 
 
 def names() -> list[str]:
@@ -88,15 +143,18 @@ def describe() -> dict[str, str]:
 def get(name: str, **options) -> ModelSpec:
     """Build the spec of model ``name``; options not used by that model raise an error."""
     _load_families()
-    if name not in _REGISTRY:
-        raise UnknownModelError(f"unknown model {name!r}; valid: {', '.join(sorted(_REGISTRY))}")
-    builder, description = _REGISTRY[name]
+    builder, description, common_defaults = _entry(name)
     params = inspect.signature(builder).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        unknown = sorted(set(options) - set(params))
+        valid = option_names(name)
+        unknown = sorted(set(options) - set(valid))
         if unknown:
-            raise InvalidArgumentError(unknown[0], f"model {name!r} takes no option {unknown[0]!r}; options: {sorted(params)}")
-    spec = builder(**options)
+            raise InvalidArgumentError(unknown[0], f"model {name!r} takes no option {unknown[0]!r}; options: {valid}")
+    if _takes_common(builder):
+        shared = {k: options.pop(k) for k in list(options) if k in _COMMON_FIELDS}
+        spec = builder(Common(**(common_defaults | shared)), **options)
+    else:
+        spec = builder(**options)
     return spec.replace(name=name, description=spec.description or description)
 
 
@@ -116,39 +174,19 @@ def default_likelihood(task: str = "regression", num_classes: int | None = None)
 
 
 # ----------------------------------------------------------------------------- built-in models
-@register("svgp-rbf", "SVGP with a squared-exponential (ARD) kernel on the raw inputs, inducing points")
-def _svgp_rbf(
-    input_dim: int | None = None,
-    task: str = "regression",
-    num_classes: int | None = None,
-    image_shape=None,
-    num_inducing: int = 32,
-    likelihood: Likelihood | None = None,
-    lengthscale: float | None = None,
-    ard: bool = False,
-    whiten: bool = True,
-    q_structure: str = "full",
-    inducing_init: str = "random",
-) -> ModelSpec:
+@register("svgp-rbf", "SVGP with a squared-exponential (ARD) kernel on the raw inputs, inducing points", num_inducing=32)
+def _svgp_rbf(common: Common, lengthscale: float | None = None, ard: bool = False) -> ModelSpec:
+    input_dim = common.input_dim
     if lengthscale is None:
         # images of D pixels in [0, 1]: distances grow like sqrt(D); start there (as GPflow users do)
-        lengthscale = float(max(1.0, (input_dim or 1) ** 0.5 / 2)) if image_shape else 1.0
+        lengthscale = float(max(1.0, (input_dim or 1) ** 0.5 / 2)) if common.image_shape else 1.0
     if ard:
         if not input_dim:
             raise InvalidArgumentError("input_dim", "ARD lengthscales need the input dimension")
         import numpy as np  # noqa: PLC0415
 
         lengthscale = np.full(input_dim, lengthscale)
-    return ModelSpec(
-        name="svgp-rbf",
-        kernel=kernels.SquaredExponential(lengthscale=lengthscale, variance=1.0),
-        likelihood=likelihood or default_likelihood(task, num_classes),
-        num_inducing=num_inducing,
-        whiten=whiten,
-        q_structure=q_structure,
-        inducing_init=inducing_init,
-        image_shape=tuple(image_shape) if image_shape else None,
-    )
+    return common.spec("svgp-rbf", kernels.SquaredExponential(lengthscale=lengthscale, variance=1.0))
 
 
 def _load_families():

@@ -34,8 +34,7 @@ from models.kernels.convolutional import (
     WeightedConvolutional,
     image_dims,
 )
-from models.likelihoods import Likelihood
-from models.zoo import ModelSpec, default_likelihood, register
+from models.zoo import Common, ModelSpec, register
 
 DEFAULT_PATCH_SHAPE = (3, 3)
 DEFAULT_RBF_VARIANCE = 1.0
@@ -84,23 +83,13 @@ def _rbf(image_shape, lengthscale, variance) -> kernels.Kernel:
     return kernels.SquaredExponential(lengthscale=lengthscale, variance=DEFAULT_RBF_VARIANCE if variance is None else variance)
 
 
-def _spec(name, kernel, image_shape, likelihood, task, num_classes, num_inducing, inducing, **fields) -> ModelSpec:
-    return ModelSpec(
-        name=name,
-        kernel=kernel,
-        likelihood=likelihood or default_likelihood(task, num_classes),
-        num_inducing=num_inducing,
-        inducing=inducing,
-        input_kind="image",
-        image_shape=tuple(image_shape),
-        **fields,
-    )
+def _spec(common: Common, name: str, kernel, shape, inducing, **options) -> ModelSpec:
+    return common.spec(name, kernel, inducing=inducing, input_kind="image", image_shape=tuple(shape), options=options)
 
 
-def _conv_model(name, *, weighted, colour_patch, rbf, input_dim, task, num_classes, image_shape, patch_shape,
-                num_inducing, likelihood, lengthscale, variance, whiten, q_structure, inducing_init, products,
-                normalisation, rbf_lengthscale=None, rbf_variance=None) -> ModelSpec:
-    shape = _image_shape(image_shape, input_dim)
+def _conv(common: Common, *, weighted, colour_patch, patch_shape, lengthscale, variance, products, normalisation):
+    """The (weighted) convolutional kernel for ``common``'s images, its image shape and spec options."""
+    shape = _image_shape(common.image_shape, common.input_dim)
     patch_shape = _patch_shape(patch_shape)
     C = image_dims(shape)[2]
     channels = "patch" if colour_patch or C == 1 else "separate"
@@ -109,67 +98,35 @@ def _conv_model(name, *, weighted, colour_patch, rbf, input_dim, task, num_class
     base = _base_kernel(patch_dim, num_terms, normalisation, lengthscale, variance)
     options = dict(channels=channels, products=products, normalisation=normalisation)
     if weighted:
-        conv = WeightedConvolutional.create(base, shape, tuple(patch_shape), **options)
+        kernel = WeightedConvolutional.create(base, shape, patch_shape, **options)
     else:
-        conv = Convolutional(base, shape, tuple(patch_shape), **options)
-    kernel, inducing = conv, "patches"
-    if rbf:
-        kernel, inducing = ImageSum((conv, _rbf(shape, rbf_lengthscale, rbf_variance))), ("patches", "points")
-    return _spec(name, kernel, shape, likelihood, task, num_classes, num_inducing, inducing,
-                 whiten=whiten, q_structure=q_structure, inducing_init=inducing_init,
-                 options={"patch_shape": tuple(patch_shape), "channels": channels})
+        kernel = Convolutional(base, shape, patch_shape, **options)
+    return kernel, shape, {"patch_shape": patch_shape, "channels": channels}
 
 
 def _register_conv(name, description, *, weighted, colour_patch):
-    @register(name, description)
-    def build(
-        input_dim: int | None = None,
-        task: str = "regression",
-        num_classes: int | None = None,
-        image_shape=None,
-        patch_shape=DEFAULT_PATCH_SHAPE,
-        num_inducing: int = 16,
-        likelihood: Likelihood | None = None,
-        lengthscale=None,
-        variance=None,
-        whiten: bool = True,
-        q_structure: str = "full",
-        inducing_init: str = "random",
-        products: str = "matmul",
-        normalisation: str = "mean",
-    ) -> ModelSpec:
-        return _conv_model(name, weighted=weighted, colour_patch=colour_patch, rbf=False, **_locals(locals()))
+    @register(name, description, num_inducing=16)
+    def build(common: Common, patch_shape=DEFAULT_PATCH_SHAPE, lengthscale=None, variance=None, products: str = "matmul",
+              normalisation: str = "mean") -> ModelSpec:
+        kernel, shape, options = _conv(common, weighted=weighted, colour_patch=colour_patch, patch_shape=patch_shape,
+                                       lengthscale=lengthscale, variance=variance, products=products,
+                                       normalisation=normalisation)
+        return _spec(common, name, kernel, shape, "patches", **options)
 
     return build
 
 
 def _register_conv_rbf(name, description, *, weighted):
-    @register(name, description)
-    def build(
-        input_dim: int | None = None,
-        task: str = "regression",
-        num_classes: int | None = None,
-        image_shape=None,
-        patch_shape=DEFAULT_PATCH_SHAPE,
-        num_inducing: int = 16,
-        likelihood: Likelihood | None = None,
-        lengthscale=None,
-        variance=None,
-        rbf_lengthscale=None,
-        rbf_variance=None,
-        whiten: bool = True,
-        q_structure: str = "full",
-        inducing_init: str = "random",
-        products: str = "matmul",
-        normalisation: str = "mean",
-    ) -> ModelSpec:
-        return _conv_model(name, weighted=weighted, colour_patch=False, rbf=True, **_locals(locals()))
+    @register(name, description, num_inducing=16)
+    def build(common: Common, patch_shape=DEFAULT_PATCH_SHAPE, lengthscale=None, variance=None, rbf_lengthscale=None,
+              rbf_variance=None, products: str = "matmul", normalisation: str = "mean") -> ModelSpec:
+        conv, shape, options = _conv(common, weighted=weighted, colour_patch=False, patch_shape=patch_shape,
+                                     lengthscale=lengthscale, variance=variance, products=products,
+                                     normalisation=normalisation)
+        kernel = ImageSum((conv, _rbf(shape, rbf_lengthscale, rbf_variance)))
+        return _spec(common, name, kernel, shape, ("patches", "points"), **options)
 
     return build
-
-
-def _locals(values: dict) -> dict:
-    return {k: v for k, v in values.items() if k not in ("name", "weighted", "colour_patch")}
 
 
 _register_conv("conv", "Translation-invariant convolutional GP f(x) = Σ_p g(x^[p]), inducing patches (seed 000 §3.1)",
@@ -183,55 +140,25 @@ _register_conv_rbf("weighted-conv+rbf", "Weighted convolutional + RBF GP, separa
                    weighted=True)
 
 
-@register("additive-colour-conv", "Weighted convolutional GP with an additive-over-channels patch kernel (seed 000 eq. 24–25)")
-def _additive_colour(
-    input_dim: int | None = None,
-    task: str = "regression",
-    num_classes: int | None = None,
-    image_shape=None,
-    patch_shape=DEFAULT_PATCH_SHAPE,
-    num_inducing: int = 16,
-    likelihood: Likelihood | None = None,
-    lengthscale=None,
-    variance=None,
-    whiten: bool = True,
-    q_structure: str = "full",
-    inducing_init: str = "random",
-    products: str = "matmul",
-    normalisation: str = "mean",
-) -> ModelSpec:
-    shape = _image_shape(image_shape, input_dim)
-    patch_shape = _patch_shape(patch_shape)
-    base = _base_kernel(patch_shape[0] * patch_shape[1], _num_patches(shape, patch_shape), normalisation, lengthscale, variance)
-    kernel = AdditiveColourConvolutional.create(base, shape, tuple(patch_shape), products=products, normalisation=normalisation)
-    return _spec("additive-colour-conv", kernel, shape, likelihood, task, num_classes, num_inducing, "patches",
-                 whiten=whiten, q_structure=q_structure, inducing_init=inducing_init,
-                 options={"patch_shape": tuple(patch_shape)})
+def _per_channel_model(name, description, kernel_class, *, channel_terms: bool, **common_defaults):
+    """Models whose patches are single-channel (w×h) with one term per patch (× C with ``channel_terms``)."""
+
+    @register(name, description, num_inducing=16, **common_defaults)
+    def build(common: Common, patch_shape=DEFAULT_PATCH_SHAPE, lengthscale=None, variance=None, products: str = "matmul",
+              normalisation: str = "mean") -> ModelSpec:
+        shape = _image_shape(common.image_shape, common.input_dim)
+        patch_shape = _patch_shape(patch_shape)
+        num_terms = _num_patches(shape, patch_shape) * (image_dims(shape)[2] if channel_terms else 1)
+        base = _base_kernel(patch_shape[0] * patch_shape[1], num_terms, normalisation, lengthscale, variance)
+        kernel = kernel_class.create(base, shape, patch_shape, products=products, normalisation=normalisation)
+        return _spec(common, name, kernel, shape, "patches", patch_shape=patch_shape)
+
+    return build
 
 
-@register("multichannel-conv", "Multi-channel convolutional GP, one g_c per channel, C·M inducing outputs (seed 000 eq. 22–23)")
-def _multichannel(
-    input_dim: int | None = None,
-    task: str = "regression",
-    num_classes: int | None = None,
-    image_shape=None,
-    patch_shape=DEFAULT_PATCH_SHAPE,
-    num_inducing: int = 16,
-    likelihood: Likelihood | None = None,
-    lengthscale=None,
-    variance=None,
-    whiten: bool = True,
-    q_structure: str = "block",
-    inducing_init: str = "random",
-    products: str = "matmul",
-    normalisation: str = "mean",
-) -> ModelSpec:
-    shape = _image_shape(image_shape, input_dim)
-    patch_shape = _patch_shape(patch_shape)
-    C = image_dims(shape)[2]
-    base = _base_kernel(patch_shape[0] * patch_shape[1], C * _num_patches(shape, patch_shape), normalisation,
-                        lengthscale, variance)
-    kernel = MultiChannelConvolutional.create(base, shape, tuple(patch_shape), products=products, normalisation=normalisation)
-    return _spec("multichannel-conv", kernel, shape, likelihood, task, num_classes, num_inducing, "patches",
-                 whiten=whiten, q_structure=q_structure, inducing_init=inducing_init,
-                 options={"patch_shape": tuple(patch_shape)})
+_per_channel_model("additive-colour-conv",
+                   "Weighted convolutional GP with an additive-over-channels patch kernel (seed 000 eq. 24–25)",
+                   AdditiveColourConvolutional, channel_terms=False)
+_per_channel_model("multichannel-conv",
+                   "Multi-channel convolutional GP, one g_c per channel, C·M inducing outputs (seed 000 eq. 22–23)",
+                   MultiChannelConvolutional, channel_terms=True, q_structure="block")

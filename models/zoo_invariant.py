@@ -36,7 +36,7 @@ from models.kernels.invariant import (
 )
 from models.kernels.symmetry import FiniteGroup, ImageSymmetries, SwapInputs
 from models.likelihoods import Likelihood
-from models.zoo import ModelSpec, default_likelihood, register
+from models.zoo import Common, ModelSpec, register
 
 DEFAULT_ORBIT_SAMPLES = 8
 DEFAULT_NUM_INDUCING = 32
@@ -69,146 +69,89 @@ def _base(input_dim, image_shape, lengthscale, variance) -> kernels.Kernel:
     return kernels.SquaredExponential(lengthscale=lengthscale, variance=variance)
 
 
-def _likelihood(likelihood, task, num_classes, sampled: bool) -> Likelihood:
-    if likelihood is not None:
-        return likelihood
-    if sampled and task == "multiclass":
+def _likelihood(common: Common, sampled: bool) -> Likelihood:
+    if sampled and common.likelihood is None and common.task == "multiclass":
         raise InvalidArgumentError(
             "likelihood", "sampled invariant kernels support Gaussian or Bernoulli-logit (Pólya–Gamma) likelihoods; "
             "pass likelihood= explicitly for a multi-class task")
-    return default_likelihood(task, num_classes)
+    return common.resolved_likelihood()
 
 
-def _spec(name, kernel, likelihood, num_inducing, image_shape, whiten, q_structure, inducing_init, options) -> ModelSpec:
-    return ModelSpec(
-        name=name,
-        kernel=kernel,
-        likelihood=likelihood,
-        num_inducing=num_inducing,
+def _spec(common: Common, name: str, kernel: InvariantKernel, shape, options) -> ModelSpec:
+    return common.spec(
+        name,
+        kernel,
+        likelihood=_likelihood(common, kernel.is_sampled),
         inducing="invariant-points",
-        inducing_init=inducing_init,
-        whiten=whiten,
-        q_structure=q_structure,
         method="invariant-svgp" if kernel.is_sampled else "svgp",
-        input_kind="image" if image_shape else "any",
-        image_shape=tuple(image_shape) if image_shape else None,
+        input_kind="image" if shape else "any",
+        image_shape=tuple(shape) if shape else None,
         options=options,
     )
 
 
-@register("invariant-finite", "Invariant GP f(x) = Σ_g f_base(g x) over a finite group; exact or sub-sampled orbit (seed 001 eq. 7, App. B.1)")
-def _invariant_finite(
-    input_dim: int | None = None,
-    task: str = "regression",
-    num_classes: int | None = None,
-    image_shape=None,
-    num_inducing: int = DEFAULT_NUM_INDUCING,
-    group: FiniteGroup | None = None,
-    num_orbit_samples: int | None = None,
-    likelihood: Likelihood | None = None,
-    lengthscale=None,
-    variance=None,
-    whiten: bool = True,
-    q_structure: str = "full",
-    inducing_init: str = "random",
-) -> ModelSpec:
-    shape = _square_image_shape(image_shape, input_dim)
+@register("invariant-finite", "Invariant GP f(x) = Σ_g f_base(g x) over a finite group; exact or sub-sampled orbit (seed 001 eq. 7, App. B.1)",
+          num_inducing=DEFAULT_NUM_INDUCING)
+def _invariant_finite(common: Common, group: FiniteGroup | None = None, num_orbit_samples: int | None = None,
+                      lengthscale=None, variance=None) -> ModelSpec:
+    shape = _square_image_shape(common.image_shape, common.input_dim)
     if group is None:
         if shape is not None and len(shape) == 2 and shape[0] == shape[1]:
             group = ImageSymmetries(shape, rotations=True, flips=False)
-        elif shape is None and input_dim == 2:
+        elif shape is None and common.input_dim == 2:
             group = SwapInputs()
         else:
             raise InvalidArgumentError("group", "no default group for these inputs; pass a FiniteGroup (e.g. ImageSymmetries, CyclicShift)")
     orbit = FiniteOrbit(group, num_samples=num_orbit_samples)
     variance = 1.0 / group.order**2 if variance is None else variance
-    kernel = InvariantKernel(_base(input_dim, shape, lengthscale, variance), orbit)
-    return _spec("invariant-finite", kernel, _likelihood(likelihood, task, num_classes, kernel.is_sampled), num_inducing,
-                 shape, whiten, q_structure, inducing_init, {"group": repr(group), "num_orbit_samples": num_orbit_samples})
+    kernel = InvariantKernel(_base(common.input_dim, shape, lengthscale, variance), orbit)
+    return _spec(common, "invariant-finite", kernel, shape, {"group": repr(group), "num_orbit_samples": num_orbit_samples})
 
 
-@register("invariant-rot", "GP insensitive to rotations φ ~ U(−α, α), α learned by the marginal likelihood (seed 001 §5.1)")
-def _invariant_rot(
-    input_dim: int | None = None,
-    task: str = "regression",
-    num_classes: int | None = None,
-    image_shape=None,
-    num_inducing: int = DEFAULT_NUM_INDUCING,
-    max_angle: float = 45.0,
-    num_orbit_samples: int = DEFAULT_ORBIT_SAMPLES,
-    likelihood: Likelihood | None = None,
-    lengthscale=None,
-    variance: float = 1.0,
-    whiten: bool = True,
-    q_structure: str = "full",
-    inducing_init: str = "random",
-) -> ModelSpec:
-    shape = _image_shape_required(image_shape, input_dim)
-    orbit = RotationAugmentation(shape, max_angle=max_angle, num_samples=num_orbit_samples)
-    kernel = InvariantKernel(_base(input_dim, shape, lengthscale, variance), orbit)
-    return _spec("invariant-rot", kernel, _likelihood(likelihood, task, num_classes, True), num_inducing, shape,
-                 whiten, q_structure, inducing_init, {"num_orbit_samples": num_orbit_samples})
+def _augmented(common: Common, name: str, make_orbit, lengthscale, variance, options) -> ModelSpec:
+    """An invariant model over a learned augmentation ``make_orbit(image_shape)`` of grey images."""
+    shape = _image_shape_required(common.image_shape, common.input_dim)
+    kernel = InvariantKernel(_base(common.input_dim, shape, lengthscale, variance), make_orbit(shape))
+    return _spec(common, name, kernel, shape, options)
 
 
-@register("invariant-affine", "GP insensitive to learned affine augmentations (general 6-parameter or interpretable) (seed 001 §5)")
-def _invariant_affine(
-    input_dim: int | None = None,
-    task: str = "regression",
-    num_classes: int | None = None,
-    image_shape=None,
-    num_inducing: int = DEFAULT_NUM_INDUCING,
-    parameterisation: str = "general",
-    lower=None,
-    upper=None,
-    num_orbit_samples: int = DEFAULT_ORBIT_SAMPLES,
-    likelihood: Likelihood | None = None,
-    lengthscale=None,
-    variance: float = 1.0,
-    whiten: bool = True,
-    q_structure: str = "full",
-    inducing_init: str = "random",
-) -> ModelSpec:
-    shape = _image_shape_required(image_shape, input_dim)
+@register("invariant-rot", "GP insensitive to rotations φ ~ U(−α, α), α learned by the marginal likelihood (seed 001 §5.1)",
+          num_inducing=DEFAULT_NUM_INDUCING)
+def _invariant_rot(common: Common, max_angle: float = 45.0, num_orbit_samples: int = DEFAULT_ORBIT_SAMPLES,
+                   lengthscale=None, variance: float = 1.0) -> ModelSpec:
+    return _augmented(common, "invariant-rot",
+                      lambda shape: RotationAugmentation(shape, max_angle=max_angle, num_samples=num_orbit_samples),
+                      lengthscale, variance, {"num_orbit_samples": num_orbit_samples})
+
+
+@register("invariant-affine", "GP insensitive to learned affine augmentations (general 6-parameter or interpretable) (seed 001 §5)",
+          num_inducing=DEFAULT_NUM_INDUCING)
+def _invariant_affine(common: Common, parameterisation: str = "general", lower=None, upper=None,
+                      num_orbit_samples: int = DEFAULT_ORBIT_SAMPLES, lengthscale=None, variance: float = 1.0) -> ModelSpec:
     if parameterisation == "general":
         # small symmetric ranges around the identity: ±0.05 on the matrix entries, ±1 pixel shift
         lower = (-0.05, -0.05, -0.05, -0.05, -1.0, -1.0) if lower is None else lower
         upper = (0.05, 0.05, 0.05, 0.05, 1.0, 1.0) if upper is None else upper
-        orbit = AffineAugmentation(shape, lower=lower, upper=upper, num_samples=num_orbit_samples)
+        augmentation = AffineAugmentation
     elif parameterisation == "interpretable":
         # ±10°, ±5 % scale, ±0.05 shear, ±1 pixel shift
         lower = (-10.0, -0.05, -0.05, -0.05, -1.0, -1.0) if lower is None else lower
         upper = (10.0, 0.05, 0.05, 0.05, 1.0, 1.0) if upper is None else upper
-        orbit = InterpretableAffineAugmentation(shape, lower=lower, upper=upper, num_samples=num_orbit_samples)
+        augmentation = InterpretableAffineAugmentation
     else:
         raise InvalidArgumentError("parameterisation", f"must be 'general' or 'interpretable', got {parameterisation!r}")
-    kernel = InvariantKernel(_base(input_dim, shape, lengthscale, variance), orbit)
-    return _spec("invariant-affine", kernel, _likelihood(likelihood, task, num_classes, True), num_inducing, shape,
-                 whiten, q_structure, inducing_init, {"parameterisation": parameterisation, "num_orbit_samples": num_orbit_samples})
+    return _augmented(common, "invariant-affine",
+                      lambda shape: augmentation(shape, lower=lower, upper=upper, num_samples=num_orbit_samples),
+                      lengthscale, variance, {"parameterisation": parameterisation, "num_orbit_samples": num_orbit_samples})
 
 
-@register("invariant-deform", "GP insensitive to learned local deformations (smooth displacement field + small affine) (seed 001 §5.2)")
-def _invariant_deform(
-    input_dim: int | None = None,
-    task: str = "regression",
-    num_classes: int | None = None,
-    image_shape=None,
-    num_inducing: int = DEFAULT_NUM_INDUCING,
-    displacement: float = 1.0,
-    max_angle: float = 10.0,
-    max_log_scale: float = 0.05,
-    max_shear: float = 0.05,
-    smoothness: float = 3.0,
-    num_orbit_samples: int = DEFAULT_ORBIT_SAMPLES,
-    likelihood: Likelihood | None = None,
-    lengthscale=None,
-    variance: float = 1.0,
-    whiten: bool = True,
-    q_structure: str = "full",
-    inducing_init: str = "random",
-) -> ModelSpec:
-    shape = _image_shape_required(image_shape, input_dim)
-    orbit = LocalDeformation(shape, displacement=displacement, max_angle=max_angle, max_log_scale=max_log_scale,
-                             max_shear=max_shear, smoothness=smoothness, num_samples=num_orbit_samples)
-    kernel = InvariantKernel(_base(input_dim, shape, lengthscale, variance), orbit)
-    return _spec("invariant-deform", kernel, _likelihood(likelihood, task, num_classes, True), num_inducing, shape,
-                 whiten, q_structure, inducing_init, {"num_orbit_samples": num_orbit_samples})
+@register("invariant-deform", "GP insensitive to learned local deformations (smooth displacement field + small affine) (seed 001 §5.2)",
+          num_inducing=DEFAULT_NUM_INDUCING)
+def _invariant_deform(common: Common, displacement: float = 1.0, max_angle: float = 10.0, max_log_scale: float = 0.05,
+                      max_shear: float = 0.05, smoothness: float = 3.0, num_orbit_samples: int = DEFAULT_ORBIT_SAMPLES,
+                      lengthscale=None, variance: float = 1.0) -> ModelSpec:
+    return _augmented(common, "invariant-deform",
+                      lambda shape: LocalDeformation(shape, displacement=displacement, max_angle=max_angle,
+                                                     max_log_scale=max_log_scale, max_shear=max_shear,
+                                                     smoothness=smoothness, num_samples=num_orbit_samples),
+                      lengthscale, variance, {"num_orbit_samples": num_orbit_samples})

@@ -1,0 +1,50 @@
+"""The zoo registry: shared options (``Common``), per-model defaults and option validation."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from models import zoo
+from models.errors import InvalidArgumentError
+
+COMMON = {f.name for f in dataclasses.fields(zoo.Common)}
+
+
+def test_every_model_takes_the_common_facts_and_options():
+    for name in zoo.names():
+        assert COMMON <= set(zoo.option_names(name)), name
+
+
+def test_family_defaults_apply_where_the_caller_is_silent():
+    rect = dict(input_dim=784, task="binary", image_shape=(28, 28))
+    assert zoo.get("conv", **rect).num_inducing == 16
+    assert zoo.get("invariant-rot", **rect).num_inducing == 32
+    assert zoo.get("svgp-rbf", input_dim=2).num_inducing == 32
+    assert zoo.get("conv", num_inducing=5, **rect).num_inducing == 5
+    assert zoo.get("multichannel-conv", input_dim=48, task="binary", image_shape=(4, 4, 3)).q_structure == "block"
+
+
+def test_common_spec_fills_the_task_likelihood_and_lets_fields_override():
+    from models import kernels, likelihoods
+
+    common = zoo.Common(task="binary", num_inducing=7, q_structure="diag")
+    spec = common.spec("m", kernels.SquaredExponential(), q_structure="full", method="x")
+    assert isinstance(spec.likelihood, likelihoods.Bernoulli)
+    assert (spec.num_inducing, spec.q_structure, spec.method) == (7, "full", "x")
+
+
+def test_unknown_options_raise_naming_the_option():
+    with pytest.raises(InvalidArgumentError) as info:
+        zoo.get("conv", input_dim=784, image_shape=(28, 28), bogus=1)
+    assert info.value.argument == "bogus" and "patch_shape" in str(info.value)
+    with pytest.raises(InvalidArgumentError) as info:
+        zoo.register("never-registered", "x", num_inducng=3)
+    assert info.value.argument == "num_inducng"
+    assert "never-registered" not in zoo.names()
+
+
+def test_unknown_model_lists_the_valid_names():
+    with pytest.raises(zoo.UnknownModelError, match="svgp-rbf"):
+        zoo.option_names("nope")
