@@ -80,3 +80,14 @@ def check_positive(value, argument: str) -> None:
         return
     if np.any(~np.isfinite(arr)) or np.any(arr <= 0):
         raise HyperparameterError(argument, f"must be positive and finite, got {arr.tolist()}")
+
+
+def as_int_pair(value, argument: str, minimum: int, expected: str) -> tuple[int, int]:
+    """``value`` as a pair of ints each >= ``minimum``, else ``ShapeError`` saying ``expected``."""
+    try:
+        pair = tuple(int(s) for s in value)
+    except (TypeError, ValueError):
+        raise ShapeError(argument, f"expected {expected}, got {value!r}") from None
+    if len(pair) != 2 or min(pair) < minimum:
+        raise ShapeError(argument, f"expected {expected}, got {value!r}")
+    return pair

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 
 from models import kernels
-from models.errors import InvalidArgumentError, ShapeError
+from models.errors import InvalidArgumentError, as_int_pair
 from models.kernels.convolutional import (
     AdditiveColourConvolutional,
     Convolutional,
@@ -55,13 +55,7 @@ def _image_shape(image_shape, input_dim) -> tuple[int, ...]:
 
 
 def _patch_shape(patch_shape) -> tuple[int, int]:
-    try:
-        shape = tuple(int(s) for s in patch_shape)
-    except TypeError:
-        raise ShapeError("patch_shape", f"expected (h, w), got {patch_shape!r}") from None
-    if len(shape) != 2 or min(shape) < 1:
-        raise ShapeError("patch_shape", f"expected (h, w) of positive ints, got {patch_shape!r}")
-    return shape
+    return as_int_pair(patch_shape, "patch_shape", 1, "(h, w) of positive ints")
 
 
 def _base_kernel(patch_dim: int, num_terms: int, normalisation: str, lengthscale, variance) -> kernels.Kernel:

@@ -41,7 +41,7 @@ import numpy as np
 from jax.scipy.ndimage import map_coordinates
 from numpyro.distributions import constraints
 
-from models.errors import HyperparameterError, InvalidArgumentError, ShapeError
+from models.errors import HyperparameterError, InvalidArgumentError, ShapeError, as_int_pair
 from models.kernels.base import Kernel, hyper, kernel_class, static
 from models.kernels.symmetry import FiniteGroup, PermutationGroup
 from models.parameters import Parameterised, pytree_dataclass
@@ -226,13 +226,7 @@ def _apply_affine(matrix, shift, grid):
 
 
 def _check_image_shape(image_shape) -> tuple[int, int]:
-    try:
-        shape = tuple(int(s) for s in image_shape)
-    except TypeError:
-        raise ShapeError("image_shape", f"expected (H, W), got {image_shape!r}") from None
-    if len(shape) != 2 or min(shape) < 2:
-        raise ShapeError("image_shape", f"image augmentations need grey images (H, W) with H, W >= 2, got {image_shape!r}")
-    return shape
+    return as_int_pair(image_shape, "image_shape", 2, "grey images (H, W) with H, W >= 2 for image augmentations")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
