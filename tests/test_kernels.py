@@ -571,3 +571,18 @@ def test_orbit_kernel_diagonal_never_forms_the_n_by_n_matrix(recipe, rng):
     shapes = list(_shapes(jax.make_jaxpr(k.K_diag)(X).jaxpr))
     assert shapes and not any(shape.count(num_data) >= 2 for shape in shapes)
     assert any(shape.count(num_data) >= 2 for shape in _shapes(jax.make_jaxpr(k.K)(X).jaxpr))  # the check can fail
+
+
+def test_combinators_validate_inputs_through_their_parts():
+    """Sum, Product and Scaled ask every part; a conv part rejects images of the wrong size."""
+    from models.errors import ShapeError
+    from models.kernels.convolutional import Convolutional
+
+    conv = Convolutional(kern.SquaredExponential(), (4, 4), (2, 2))
+    good, bad = np.zeros((3, 16)), np.zeros((3, 15))
+    for kernel in (conv + kern.SquaredExponential(), kern.Linear() * conv, conv.scaled(2.0), (conv + kern.White()) * kern.Linear()):
+        kernel.validate_inputs(good)
+        with pytest.raises(ShapeError) as info:
+            kernel.validate_inputs(bad)
+        assert info.value.argument == "X"
+    kern.SquaredExponential().validate_inputs(bad)  # plain kernels accept any columns

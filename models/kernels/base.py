@@ -72,6 +72,25 @@ class Kernel(Parameterised):
     def _K_diag(self, X):  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def validate_inputs(self, X) -> None:
+        """Raise a typed error if ``X`` cannot be this kernel's input (e.g. wrong image size).
+
+        Accepts anything by default; structured kernels override it, combinators ask their parts.
+        """
+        for child in self._children():
+            child.validate_inputs(X if self.active_dims is None else self._select(X))
+
+    def _children(self) -> tuple["Kernel", ...]:
+        """The kernels this one is built from (fields holding a Kernel or a tuple of them)."""
+        children = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Kernel):
+                children.append(value)
+            elif isinstance(value, tuple) and _all_kernels(value):
+                children.extend(value)
+        return tuple(children)
+
     # ----------------------------------------------------------------- algebra
     def __add__(self, other):
         if not isinstance(other, Kernel):
