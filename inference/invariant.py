@@ -23,15 +23,30 @@ sampled kernel is paired with
 * ``Gaussian``: E_q[log p(y_n|f_n)] = −½[log 2πs² + (y² − 2yμ + μ² + σ²)/s²] (eq. 15), computed
   by the likelihood itself with mean μ̂ and "variance" μ̂² + σ̂² − μ̂² (which keeps it linear);
 * ``Bernoulli(link="logit")``: the Pólya–Gamma bound (eq. 22–23, :func:`pg_logistic_bound`) with
-  q(ω_n) = PG(1, c_n), c_n = √(E[f_n²]) in closed form (Jaakkola–Jordan's optimum) instead of
-  the seed's recognition network. c_n is computed, without gradient, from an *independent* set
-  of orbit samples, so given c the bound estimate stays unbiased (and every c gives a bound).
+  q(ω_n) = PG(1, c_n). Every c_n gives a lower bound, and for fixed c the bound is linear in
+  μ_n and E[f_n²], so its estimate stays unbiased as long as c does not depend on the orbit
+  samples it is evaluated with. ``spec.options["pg_c"]`` selects how c_n is chosen:
+
+  - ``"closed-form"`` (default): c_n = √(E[f_n²]) (Jaakkola–Jordan's optimum for a given E[f_n²],
+    :func:`optimal_c`), computed without gradient from an *independent* set of orbit samples.
+    The seed (§4.5) says the optimum cannot be used because it depends non-linearly on μ_n, σ_n;
+    plugging in an independent noisy estimate keeps the bound unbiased at the price of a c that
+    is slightly off the optimum (the bound is then lower by the resulting Jensen gap).
+  - ``"recognition"``: the seed's amortised q(ω_n) (§4.5, following Kingma & Welling 2014):
+    c_n = softplus(MLP(x_n, 2y_n − 1)), a tanh MLP with hidden widths
+    ``spec.options.get("pg_recognition_hidden", (32, 32))`` whose weights are ``numpyro.param``
+    sites ``pg_recognition.*`` trained jointly with q(u) and θ by the ELBO. c does not depend
+    on the orbit samples, so no second estimate is needed.
+  - ``"free"``: one free c_n per training point is *not* offered: the family's model receives
+    only the minibatch rows (``model(X, y, num_data)``), not their indices in the training set,
+    so it cannot tell which c_n belongs to a row; asking for it raises ``InvalidArgumentError``.
 
 Any other likelihood raises ``InvalidArgumentError`` naming ``likelihood``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -51,10 +66,25 @@ from models.kernels.invariant import InvariantKernel, pair_sum
 from models.likelihoods import Bernoulli, Gaussian
 from models.parameters import hyper, pytree_dataclass
 
-__all__ = ["BaseInducingPoints", "InvariantSVGP", "MomentEstimates", "DEFAULT_PREDICTION_ROUNDS"]
+__all__ = [
+    "BaseInducingPoints",
+    "DEFAULT_PREDICTION_ROUNDS",
+    "DEFAULT_RECOGNITION_HIDDEN",
+    "InvariantSVGP",
+    "MomentEstimates",
+    "PG_C_CHOICES",
+    "RECOGNITION_SITE",
+    "recognition_c",
+]
 
 #: Independent sample sets averaged by ``latent_moments`` (prediction): S·rounds samples per input.
 DEFAULT_PREDICTION_ROUNDS = 16
+#: Values of ``spec.options["pg_c"]``: how the tilt c_n of q(ω_n) = PG(1, c_n) is chosen (module docstring).
+PG_C_CHOICES = ("closed-form", "recognition")
+#: Hidden-layer widths of the recognition network (x_n, y_n) -> c_n.
+DEFAULT_RECOGNITION_HIDDEN = (32, 32)
+#: Prefix of the recognition network's ``numpyro.param`` sites.
+RECOGNITION_SITE = "pg_recognition"
 
 
 @pytree_dataclass
@@ -119,6 +149,7 @@ class InvariantSVGP(SVGP):
                 f"(Gaussian, or Bernoulli(link='logit') through the Pólya–Gamma bound); got {type(spec.likelihood).__name__}"
                 + (f"(link={spec.likelihood.link!r})" if isinstance(spec.likelihood, Bernoulli) else ""),
             )
+        self.pg_c, self.recognition_hidden = _pg_c_options(spec)
 
     # ------------------------------------------------------------------ estimators
     def moment_estimates(self, parts: Parts, X, key) -> MomentEstimates:
@@ -154,9 +185,38 @@ class InvariantSVGP(SVGP):
         if isinstance(parts.likelihood, Gaussian):
             # (y − μ̂)² + (Ê[f²] − μ̂²) = y² − 2yμ̂ + Ê[f²]: linear in the estimates, hence unbiased
             return parts.likelihood.variational_expectation(y, est.mean, est.second_moment - est.mean**2)
-        c_est = self.moment_estimates(parts, X, key_c)  # independent draw: c is fixed given it
-        c = jax.lax.stop_gradient(optimal_c(jnp.maximum(c_est.second_moment[:, 0], 1e-12)))  # [N]
+        c = self.pg_tilt(parts, X, y, key_c)  # [N]
         return pg_logistic_bound(y, est.mean[:, 0], est.second_moment[:, 0], c)  # [N]
+
+    def pg_tilt(self, parts: Parts, X, y, key):
+        """c_n of q(ω_n) = PG(1, c_n) ``[N]`` for the PG bound (seed 001 eq. 23, §4.5), per ``spec.options["pg_c"]``.
+
+        ``"closed-form"``: √Ê[f_n²] from an orbit-sample draw made with ``key`` (independent of the
+        draw the bound is evaluated with), without gradient. ``"recognition"``: the network's
+        output at (x_n, y_n) (``key`` unused); call inside a NumPyro model (its weights are params).
+        """
+        if self.pg_c == "recognition":
+            return recognition_c(self.recognition_params(X.shape[1], jnp.result_type(X, float)), X, y)
+        c_est = self.moment_estimates(parts, X, key)  # independent draw: c is fixed given it
+        return jax.lax.stop_gradient(optimal_c(jnp.maximum(c_est.second_moment[:, 0], 1e-12)))  # [N]
+
+    def recognition_params(self, input_dim: int, dtype) -> dict[str, jax.Array]:
+        """The recognition network's weights as ``numpyro.param`` sites ``pg_recognition.{W,b}{i}``.
+
+        Initial values are deterministic (Glorot-normal from a fixed key, so no seeded context is
+        needed), with a zero last layer and bias softplus⁻¹(1): every c_n starts at 1.
+        """
+        widths = (input_dim + 1, *self.recognition_hidden, 1)
+        keys = jax.random.split(jax.random.PRNGKey(0), len(widths) - 1)
+        params = {}
+        for i, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:])):
+            last = i == len(widths) - 2
+            W0 = jnp.zeros((fan_in, fan_out), dtype) if last else (
+                jax.random.normal(keys[i], (fan_in, fan_out), dtype) * math.sqrt(2.0 / (fan_in + fan_out)))
+            b0 = jnp.full((fan_out,), _SOFTPLUS_INV_ONE if last else 0.0, dtype)
+            params[f"W{i}"] = numpyro.param(f"{RECOGNITION_SITE}.W{i}", W0)  # [fan_in, fan_out]
+            params[f"b{i}"] = numpyro.param(f"{RECOGNITION_SITE}.b{i}", b0)  # [fan_out]
+        return params
 
     def latent_moments(self, parts: Parts, X):
         """q(f) marginals ``[N, L]`` for prediction: estimates averaged over ``prediction_rounds`` sample sets.
@@ -177,6 +237,50 @@ def _key(key):
         return key
     key = numpyro.prng_key()
     return jax.random.PRNGKey(0) if key is None else key
+
+
+_SOFTPLUS_INV_ONE = math.log(math.e - 1.0)  # softplus(this) = 1
+
+
+def recognition_c(params: dict[str, jax.Array], X, y):
+    """c_n = softplus(MLP(x_n, 2y_n − 1)) ``[N]`` > 0: the amortised q(ω_n) of seed 001 §4.5.
+
+    ``params``: ``W{i}`` ``[fan_in, fan_out]``, ``b{i}`` ``[fan_out]`` for i = 0..n−1 (tanh
+    between layers); ``X`` ``[N, D]``, ``y`` ``[N]`` in {0, 1}. PG(1, c) is even in c, so c > 0
+    loses nothing.
+    """
+    h = jnp.concatenate([X, (2.0 * y - 1.0)[:, None].astype(X.dtype)], axis=1)  # [N, D+1]
+    num_layers = len(params) // 2
+    for i in range(num_layers):
+        h = h @ params[f"W{i}"] + params[f"b{i}"]  # [N, width_i]
+        if i < num_layers - 1:
+            h = jnp.tanh(h)
+    return jax.nn.softplus(h[:, 0])  # [N]
+
+
+def _pg_c_options(spec) -> tuple[str, tuple[int, ...]]:
+    """``spec.options["pg_c"]`` (default "closed-form") and the recognition widths, checked."""
+    options = spec.options or {}
+    choice = options.get("pg_c", "closed-form")
+    if choice == "free":
+        raise InvalidArgumentError(
+            "pg_c", "free per-datum c_n are not supported: the model receives minibatch rows without their indices in the "
+            f"training set, so it cannot tell which c_n belongs to a row; choose one of {PG_C_CHOICES}")
+    if choice not in PG_C_CHOICES:
+        raise InvalidArgumentError("pg_c", f"must be one of {PG_C_CHOICES}, got {choice!r}")
+    uses_pg = spec.kernel.is_sampled and isinstance(spec.likelihood, Bernoulli)
+    if choice != "closed-form" and not uses_pg:
+        raise InvalidArgumentError(
+            "pg_c", f"{choice!r} applies only to the Pólya–Gamma bound (a sampled invariant kernel with "
+            f"Bernoulli(link='logit')); this model does not use it")
+    hidden = options.get("pg_recognition_hidden", DEFAULT_RECOGNITION_HIDDEN)
+    try:
+        hidden = tuple(int(h) for h in hidden)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError("pg_recognition_hidden", f"must be a sequence of positive ints, got {hidden!r}") from None
+    if any(h < 1 for h in hidden):
+        raise InvalidArgumentError("pg_recognition_hidden", f"must be a sequence of positive ints, got {hidden!r}")
+    return choice, hidden
 
 
 def _is_gaussian_in_f(likelihood) -> bool:

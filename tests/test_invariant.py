@@ -255,3 +255,67 @@ def test_fit_invariant_rot_on_tiny_images_improves_the_elbo():
     assert np.all((pred.probs >= 0) & (pred.probs <= 1)) and np.all(pred.f_var > 0)
     elbo = evaluate_elbo(res, X, y)
     assert np.isfinite(elbo.elbo)
+
+
+# ----------------------------------------------------------------------------- q(ω) options (seed 001 §4.5)
+def _pg_family(pg_c, variance=0.05, likelihood=Bernoulli(link="logit"), **options):
+    orbit = FiniteOrbit(ImageSymmetries((3, 3)), num_samples=4)
+    kernel = InvariantKernel(SquaredExponential(lengthscale=1.2, variance=variance), orbit)
+    spec = ModelSpec(name="t", kernel=kernel, likelihood=likelihood, num_inducing=5, inducing="invariant-points",
+                     method="invariant-svgp", options={"pg_c": pg_c, **options})
+    return InvariantSVGP(spec, BaseInducingPoints(jnp.asarray(_rng(5).uniform(size=(5, 9)))), 1)
+
+
+def test_recognition_c_gives_a_valid_bound_below_the_closed_form_optimum():
+    """For any c the PG bound (eq. 23) is ≤ its value at c = √E[f²] (same estimate) and ≤ E_q[log σ] (exact moments)."""
+    from inference.invariant import recognition_c
+    from inference.polya_gamma import optimal_c, pg_logistic_bound
+
+    family = _pg_family("recognition")
+    X = jnp.asarray(_rng(8).uniform(size=(12, 9)))
+    y = jnp.asarray(_rng(9).integers(0, 2, 12).astype(float))
+    rng = _rng(11)
+    net = {name: jnp.asarray(v + rng.normal(size=v.shape)) for name, v in family.recognition_params(9, jnp.float64).items()}
+    params = {**_random_q(family), **{f"pg_recognition.{k}": v for k, v in net.items()}}
+    key = jax.random.PRNGKey(3)
+    with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=0):
+        parts = family.parts()
+        ell = family.expected_log_lik(parts, X, y, key)
+    c = recognition_c(net, X, y)  # [N]
+    assert np.all(c > 0) and np.std(np.asarray(c)) > 1e-3  # the perturbed network gives varied c_n
+    est = family.moment_estimates(parts, X, jax.random.split(key)[0])  # the draw expected_log_lik used
+    np.testing.assert_allclose(ell, pg_logistic_bound(y, est.mean[:, 0], est.second_moment[:, 0], c), rtol=1e-12)
+    positive = np.asarray(est.second_moment[:, 0]) > 0
+    best = pg_logistic_bound(y, est.mean[:, 0], est.second_moment[:, 0], optimal_c(jnp.maximum(est.second_moment[:, 0], 0)))
+    assert np.all(np.asarray(ell)[positive] <= np.asarray(best)[positive] + 1e-12)
+    # validity against the exact expected log-likelihood (whole orbit: exact q(f) moments, Gauss–Hermite)
+    exact = _family(FiniteOrbit(ImageSymmetries((3, 3))), Bernoulli(link="logit"))
+    with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=0):
+        parts_exact = exact.parts()
+    mean, var = exact.latent_moments(parts_exact, X)
+    true_ell = Bernoulli(link="logit").variational_expectation(y, mean, var)
+    assert np.all(np.asarray(pg_logistic_bound(y, mean[:, 0], mean[:, 0] ** 2 + var[:, 0], c)) <= np.asarray(true_ell) + 1e-10)
+
+
+def test_pg_c_options_are_checked():
+    with pytest.raises(InvalidArgumentError, match="pg_c.*indices"):
+        _pg_family("free")
+    with pytest.raises(InvalidArgumentError, match="pg_c"):
+        _pg_family("optimal")
+    with pytest.raises(InvalidArgumentError, match="pg_recognition_hidden"):
+        _pg_family("recognition", pg_recognition_hidden=(0,))
+    with pytest.raises(InvalidArgumentError, match="pg_c.*Pólya"):
+        _pg_family("recognition", likelihood=Gaussian(noise_variance=0.1))
+    assert _pg_family("closed-form").pg_c == "closed-form"
+
+
+def test_fit_with_recognition_network_improves_the_elbo_and_trains_the_network():
+    X = _rng(12).uniform(size=(60, 9))
+    y = (X.sum(1) > 4.5).astype(float)  # invariant under every symmetry of the 3×3 square
+    spec = _pg_family("recognition", variance=1.0, pg_recognition_hidden=(16,)).spec.replace(num_inducing=8)
+    res = fit(spec, X, y, steps=150, learning_rate=0.03, progress=False)
+    assert np.all(np.isfinite(res.elbo_history))
+    assert res.elbo_history[-10:].mean() > res.elbo_history[:10].mean() + 2.0
+    assert {"pg_recognition.W0", "pg_recognition.b1"} <= set(res.params)
+    assert np.abs(res.params["pg_recognition.W1"]).max() > 1e-3  # the zero-initialised last layer moved
+    assert np.isfinite(evaluate_elbo(res, num_samples=4).elbo)
