@@ -57,10 +57,12 @@ from inference.polya_gamma import PolyaGamma
 from models.errors import InvalidArgumentError, ShapeError, as_float_array
 from models.likelihoods import Bernoulli
 
-__all__ = ["MAX_NUM_DATA", "gibbs_gp_classification", "sample_f_given_omega", "sample_omega"]
+__all__ = ["MAX_JOINT_POINTS", "MAX_NUM_DATA", "gibbs_gp_classification", "sample_f_given_omega", "sample_omega"]
 
 #: Largest training set accepted: each sweep factorises an N×N matrix per chain (O(N³)).
 MAX_NUM_DATA = 1000
+#: Largest N + N* accepted: the joint prior covariance at [X; X_test] is factorised once, O((N + N*)³).
+MAX_JOINT_POINTS = 5000
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -137,6 +139,10 @@ def gibbs_gp_classification(
         X_test = as_float_array(X_test, "X_test", ndim=2)
         if X_test.shape[1] != D:
             raise ShapeError("X_test", f"expected [N*, {D}] to match X, got shape {X_test.shape}")
+        if N + X_test.shape[0] > MAX_JOINT_POINTS:
+            raise InvalidArgumentError(
+                "X_test", f"N + N* = {N + X_test.shape[0]} > {MAX_JOINT_POINTS}: the joint draw factorises the prior "
+                "covariance at [X; X_test]; pass fewer test inputs per call")
     for name, value, minimum in (("num_chains", num_chains, 1), ("num_warmup", num_warmup, 0),
                                  ("num_samples", num_samples, 1), ("thin", thin, 1), ("chunk_size", chunk_size, 1)):
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:

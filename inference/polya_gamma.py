@@ -52,7 +52,11 @@ from a library: NumPyro has no PG distribution, and the ``polyagamma`` package i
     ``numpyro.infer.TraceMeanField_ELBO`` uses it analytically.
 
 * ``pg_logistic_bound`` and ``optimal_c``: the PG lower bound on E_q(f)[log σ((2y−1)f)]
-  (seed 001 eq. 22–23) with q(ω) = PG(1, c).
+  (seed 001 eq. 22–23) with q(ω) = PG(1, c). How c is chosen in the invariant family (closed
+  form or a recognition network, seed 001 §4.5) is in :mod:`inference.invariant`.
+
+The exact two-block Gibbs sampler that uses ``PolyaGamma`` (ω | f ~ PG(1, f), PSW 2013 §3.1) for
+small-data GP classification is :func:`inference.gibbs.gibbs_gp_classification`.
 
 Dtypes: everything runs in the dtype of its inputs (float32 or float64); the density's series
 constants are computed in float64 at import and cast.

@@ -9,7 +9,7 @@ import numpyro.distributions as dist
 import pytest
 from numpyro.infer import MCMC, NUTS
 
-from inference.gibbs import MAX_NUM_DATA, gibbs_gp_classification, sample_f_given_omega, sample_omega
+from inference.gibbs import MAX_JOINT_POINTS, MAX_NUM_DATA, gibbs_gp_classification, sample_f_given_omega, sample_omega
 from models.errors import DataError, InvalidArgumentError, ShapeError
 from models.kernels import SquaredExponential
 
@@ -71,6 +71,7 @@ def test_gibbs_chains_mix(gibbs_and_nuts):
     assert set(az.summary(gibbs, var_names=["f"]).columns) >= {"mean", "sd", "r_hat", "ess_bulk"}
     assert np.isfinite(gibbs.sample_stats["lp"].values).all()
     assert gibbs.log_likelihood["y"].shape == (NUM_CHAINS, NUM_SAMPLES, len(y))
+    assert np.isfinite(az.loo(gibbs).elpd)
 
 
 def test_predictive_draws_are_the_gp_conditional_of_the_training_draws(gibbs_and_nuts):
@@ -137,6 +138,8 @@ def test_bad_inputs_raise_typed_errors():
         gibbs_gp_classification(KERNEL, X[:, 0], y)
     with pytest.raises(ShapeError, match="X_test"):
         gibbs_gp_classification(KERNEL, X, y, X_test=np.zeros((3, 2)))
+    with pytest.raises(InvalidArgumentError, match="N \\+ N\\*"):
+        gibbs_gp_classification(KERNEL, X, y, X_test=np.zeros((MAX_JOINT_POINTS, 1)))
     with pytest.raises(InvalidArgumentError, match="thin"):
         gibbs_gp_classification(KERNEL, X, y, thin=0)
     with pytest.raises(InvalidArgumentError, match=f"N <= {MAX_NUM_DATA}"):
