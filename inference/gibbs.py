@@ -152,10 +152,11 @@ def gibbs_gp_classification(
 
     dtype = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
     X_all = jnp.asarray(X if X_test is None else np.concatenate([X, X_test]), dtype)  # [N+N*, D]
-    L_all, jitter_used = cholesky_with_jitter(kernel.K(X_all), jitter)  # [N+N*, N+N*]
+    K_prior = kernel.K(X_all)  # [N+N*, N+N*]
+    L_all, jitter_used = cholesky_with_jitter(K_prior, jitter)  # [N+N*, N+N*]
     if not bool(jnp.all(jnp.isfinite(L_all))):
         raise InvalidArgumentError("kernel", "its covariance at [X; X_test] is not positive definite even with added jitter")
-    K_all = kernel.K(X_all) + jitter_used * jnp.eye(X_all.shape[0], dtype=dtype)  # [N+N*, N+N*] = L_all L_allᵀ
+    K_all = K_prior + jitter_used * jnp.eye(X_all.shape[0], dtype=dtype)  # [N+N*, N+N*] = L_all L_allᵀ
     K_cols = K_all[:, :N]  # [N+N*, N]: the columns of the training points
     kappa = jnp.asarray(y, dtype) - 0.5  # [N]
 
