@@ -2,5 +2,15 @@
 
 import inference.invariant  # noqa: F401  (registers the invariant-svgp family)
 from inference.fit import ElboEstimate, FitResult, Prediction, evaluate_elbo, fit, predict, register_family
+from inference.gibbs import gibbs_gp_classification
 
-__all__ = ["ElboEstimate", "FitResult", "Prediction", "evaluate_elbo", "fit", "predict", "register_family"]
+__all__ = [
+    "ElboEstimate",
+    "FitResult",
+    "Prediction",
+    "evaluate_elbo",
+    "fit",
+    "gibbs_gp_classification",
+    "predict",
+    "register_family",
+]

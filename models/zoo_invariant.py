@@ -15,6 +15,11 @@ Sampled kernels accept only a Gaussian likelihood or the Pólya–Gamma bound fo
 (Bernoulli-logit, the default for ``task="binary"``); multi-class tasks use a Gaussian likelihood
 on one output as in the seed's §5.2 only when the user passes one.
 
+Binary tasks with a sampled kernel use the Pólya–Gamma bound; ``pg_c`` picks the tilt of
+q(ω_n) = PG(1, c_n): ``"closed-form"`` (c_n = √Ê[f_n²], default) or ``"recognition"`` (an MLP of
+(x_n, y_n) with hidden widths ``pg_recognition_hidden``, seed 001 §4.5); see
+:mod:`inference.invariant`.
+
 Defaults: SE base kernel with lengthscale max(1, √D/2) on images (1 on tables); base variance
 1 for augmentation densities (k_f is an average) and 1/|G|² for finite sums (k_f(x, x) then
 starts near 1); 8 orbit samples per datum; M = 32 inducing inputs.
@@ -77,7 +82,9 @@ def _likelihood(common: Common, sampled: bool) -> Likelihood:
     return common.resolved_likelihood()
 
 
-def _spec(common: Common, name: str, kernel: InvariantKernel, shape, options) -> ModelSpec:
+def _spec(common: Common, name: str, kernel: InvariantKernel, shape, options, pg_c, pg_recognition_hidden) -> ModelSpec:
+    if pg_c != "closed-form" or pg_recognition_hidden is not None:  # checked by inference.invariant
+        options = options | {"pg_c": pg_c} | ({} if pg_recognition_hidden is None else {"pg_recognition_hidden": pg_recognition_hidden})
     return common.spec(
         name,
         kernel,
@@ -93,7 +100,8 @@ def _spec(common: Common, name: str, kernel: InvariantKernel, shape, options) ->
 @register("invariant-finite", "Invariant GP f(x) = Σ_g f_base(g x) over a finite group; exact or sub-sampled orbit (seed 001 eq. 7, App. B.1)",
           num_inducing=DEFAULT_NUM_INDUCING)
 def _invariant_finite(common: Common, group: FiniteGroup | None = None, num_orbit_samples: int | None = None,
-                      lengthscale=None, variance=None) -> ModelSpec:
+                      lengthscale=None, variance=None,
+                      pg_c: str = "closed-form", pg_recognition_hidden=None) -> ModelSpec:
     shape = _square_image_shape(common.image_shape, common.input_dim)
     if group is None:
         if shape is not None and len(shape) == 2 and shape[0] == shape[1]:
@@ -105,29 +113,32 @@ def _invariant_finite(common: Common, group: FiniteGroup | None = None, num_orbi
     orbit = FiniteOrbit(group, num_samples=num_orbit_samples)
     variance = 1.0 / group.order**2 if variance is None else variance
     kernel = InvariantKernel(_base(common.input_dim, shape, lengthscale, variance), orbit)
-    return _spec(common, "invariant-finite", kernel, shape, {"group": repr(group), "num_orbit_samples": num_orbit_samples})
+    return _spec(common, "invariant-finite", kernel, shape, {"group": repr(group), "num_orbit_samples": num_orbit_samples},
+                 pg_c, pg_recognition_hidden)
 
 
-def _augmented(common: Common, name: str, make_orbit, lengthscale, variance, options) -> ModelSpec:
+def _augmented(common: Common, name: str, make_orbit, lengthscale, variance, options, pg_c, pg_recognition_hidden) -> ModelSpec:
     """An invariant model over a learned augmentation ``make_orbit(image_shape)`` of grey images."""
     shape = _image_shape_required(common.image_shape, common.input_dim)
     kernel = InvariantKernel(_base(common.input_dim, shape, lengthscale, variance), make_orbit(shape))
-    return _spec(common, name, kernel, shape, options)
+    return _spec(common, name, kernel, shape, options, pg_c, pg_recognition_hidden)
 
 
 @register("invariant-rot", "GP insensitive to rotations φ ~ U(−α, α), α learned by the marginal likelihood (seed 001 §5.1)",
           num_inducing=DEFAULT_NUM_INDUCING)
 def _invariant_rot(common: Common, max_angle: float = 45.0, num_orbit_samples: int = DEFAULT_ORBIT_SAMPLES,
-                   lengthscale=None, variance: float = 1.0) -> ModelSpec:
+                   lengthscale=None, variance: float = 1.0,
+                   pg_c: str = "closed-form", pg_recognition_hidden=None) -> ModelSpec:
     return _augmented(common, "invariant-rot",
                       lambda shape: RotationAugmentation(shape, max_angle=max_angle, num_samples=num_orbit_samples),
-                      lengthscale, variance, {"num_orbit_samples": num_orbit_samples})
+                      lengthscale, variance, {"num_orbit_samples": num_orbit_samples}, pg_c, pg_recognition_hidden)
 
 
 @register("invariant-affine", "GP insensitive to learned affine augmentations (general 6-parameter or interpretable) (seed 001 §5)",
           num_inducing=DEFAULT_NUM_INDUCING)
 def _invariant_affine(common: Common, parameterisation: str = "general", lower=None, upper=None,
-                      num_orbit_samples: int = DEFAULT_ORBIT_SAMPLES, lengthscale=None, variance: float = 1.0) -> ModelSpec:
+                      num_orbit_samples: int = DEFAULT_ORBIT_SAMPLES, lengthscale=None, variance: float = 1.0,
+                      pg_c: str = "closed-form", pg_recognition_hidden=None) -> ModelSpec:
     if parameterisation == "general":
         # small symmetric ranges around the identity: ±0.05 on the matrix entries, ±1 pixel shift
         lower = (-0.05, -0.05, -0.05, -0.05, -1.0, -1.0) if lower is None else lower
@@ -142,16 +153,18 @@ def _invariant_affine(common: Common, parameterisation: str = "general", lower=N
         raise InvalidArgumentError("parameterisation", f"must be 'general' or 'interpretable', got {parameterisation!r}")
     return _augmented(common, "invariant-affine",
                       lambda shape: augmentation(shape, lower=lower, upper=upper, num_samples=num_orbit_samples),
-                      lengthscale, variance, {"parameterisation": parameterisation, "num_orbit_samples": num_orbit_samples})
+                      lengthscale, variance, {"parameterisation": parameterisation, "num_orbit_samples": num_orbit_samples},
+                      pg_c, pg_recognition_hidden)
 
 
 @register("invariant-deform", "GP insensitive to learned local deformations (smooth displacement field + small affine) (seed 001 §5.2)",
           num_inducing=DEFAULT_NUM_INDUCING)
 def _invariant_deform(common: Common, displacement: float = 1.0, max_angle: float = 10.0, max_log_scale: float = 0.05,
                       max_shear: float = 0.05, smoothness: float = 3.0, num_orbit_samples: int = DEFAULT_ORBIT_SAMPLES,
-                      lengthscale=None, variance: float = 1.0) -> ModelSpec:
+                      lengthscale=None, variance: float = 1.0,
+                      pg_c: str = "closed-form", pg_recognition_hidden=None) -> ModelSpec:
     return _augmented(common, "invariant-deform",
                       lambda shape: LocalDeformation(shape, displacement=displacement, max_angle=max_angle,
                                                      max_log_scale=max_log_scale, max_shear=max_shear,
                                                      smoothness=smoothness, num_samples=num_orbit_samples),
-                      lengthscale, variance, {"num_orbit_samples": num_orbit_samples})
+                      lengthscale, variance, {"num_orbit_samples": num_orbit_samples}, pg_c, pg_recognition_hidden)

@@ -48,3 +48,18 @@ def test_unknown_options_raise_naming_the_option():
 def test_unknown_model_lists_the_valid_names():
     with pytest.raises(zoo.UnknownModelError, match="svgp-rbf"):
         zoo.option_names("nope")
+
+
+def test_invariant_models_pass_the_pg_tilt_choice_to_the_family():
+    import numpy as np
+
+    from inference import fit
+
+    rect = dict(input_dim=16, image_shape=(4, 4), num_inducing=4, num_orbit_samples=2)
+    spec = zoo.get("invariant-rot", task="binary", pg_c="recognition", pg_recognition_hidden=(8,), **rect)
+    assert spec.options["pg_c"] == "recognition" and spec.options["pg_recognition_hidden"] == (8,)
+    assert "pg_c" not in zoo.get("invariant-rot", task="binary", **rect).options
+    X = np.random.default_rng(0).uniform(size=(12, 16))
+    with pytest.raises(InvalidArgumentError) as info:  # a Gaussian likelihood has no PG bound to tilt
+        fit(zoo.get("invariant-rot", task="regression", pg_c="recognition", **rect), X, X[:, 0], steps=1, progress=False)
+    assert info.value.argument == "pg_c"
