@@ -225,7 +225,7 @@ def run_mnist10(args) -> dict:
         goals["ELBO ranking matches error ranking"] = by_elbo == by_error
     return {
         "date": now(), "machine": machine_info(),
-        "settings": {"dataset": "mnist-10", "likelihood": "Gaussian on one-hot targets, 10 one-vs-rest GPs, argmax",
+        "settings": {"dataset": "mnist-10", "likelihood": f"Gaussian on one-hot targets, {len(classes)} one-vs-rest GPs, argmax",
                      "steps_per_class": args.steps, "paper_steps": PAPER_STEPS, "batch_size": args.batch_size,
                      "learning_rate": args.learning_rate, "num_inducing": args.num_inducing,
                      "num_orbit_samples": args.orbit_samples, "seed": args.seed, "num_train": int(X.shape[0]),

@@ -1,0 +1,241 @@
+"""Rewrite the README's results section from ``benchmarks/results/*.json`` (STYLE.md: never by hand).
+
+Each results file is rendered by the formatter registered for its stem (``@formatter("name")``,
+a function ``dict -> list of Markdown lines``); a file without one gets a generic table of its
+top-level numbers, so a new benchmark shows up before anyone writes its formatter. The section
+between ``<!-- results:begin -->`` and ``<!-- results:end -->`` is replaced; the output depends
+only on the JSON contents (dates are the ones recorded in the files), so running it twice changes
+nothing. ``--check`` exits 1 when the README is out of date.
+
+    /work/venv/bin/python benchmarks/summarise.py            # rewrite README.md
+    /work/venv/bin/python benchmarks/summarise.py --check    # CI-style check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+README = ROOT / "README.md"
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+
+#: the order files appear in; files not listed follow alphabetically.
+ORDER = ("reproduce_conv", "reproduce_invariance", "conv_kernels", "svgp_scaling", "polya_gamma_throughput",
+         "invariance_toy", "gpflow_side_by_side", "pg_natgrad")
+TITLES = {
+    "reproduce_conv": "Seed 000 reproduction: convolutional GPs (`benchmarks/reproduce_conv.py`)",
+    "reproduce_invariance": "Seed 001 reproduction: learned invariances (`benchmarks/reproduce_invariance.py`)",
+    "conv_kernels": "Convolutional kernel hot paths against this machine's limits (`benchmarks/conv_kernels.py`)",
+    "svgp_scaling": "SVGP step time against a hand-written JAX step (`benchmarks/svgp_scaling.py`)",
+    "polya_gamma_throughput": "Pólya–Gamma sampler throughput (`benchmarks/polya_gamma_throughput.py`)",
+    "invariance_toy": "Invariant GP on the symmetric toy function, seed 001 fig. 2 (`benchmarks/invariance_toy.py`)",
+}
+FORMATTERS: dict[str, Callable[[dict], list[str]]] = {}
+
+
+def formatter(name: str):
+    """Register ``fn(report) -> Markdown lines`` for ``benchmarks/results/<name>.json``."""
+    def register(fn):
+        FORMATTERS[name] = fn
+        return fn
+
+    return register
+
+
+# ----------------------------------------------------------------------------- cells
+def num(value, digits: int = 3) -> str:
+    """A compact number: 3 significant digits, thousands as integers, '—' for missing."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+        return f"{value:.{digits - 1}e}"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}g}"
+
+
+def pct(value) -> str:
+    return "—" if value is None else f"{100 * value:.2f} %"
+
+
+def yes_no(value) -> str:
+    return "—" if value is None else ("**yes**" if value else "no")
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def device_of(report: dict) -> str:
+    machine = report.get("machine") or report.get("environment") or {}
+    devices = machine.get("devices") or machine.get("device")
+    if isinstance(devices, list):
+        devices = ", ".join(devices)
+    return f"{devices or 'unrecorded'} (jax {machine.get('jax', '?')})"
+
+
+def provenance(report: dict) -> str:
+    return f"Device: {device_of(report)}; date: {report.get('date') or report.get('updated') or 'not recorded'}."
+
+
+# ----------------------------------------------------------------------------- formatters
+@formatter("reproduce_conv")
+def _reproduce_conv(report: dict) -> list[str]:
+    lines = []
+    for name, exp in report.get("experiments", {}).items():
+        s = exp["settings"]
+        reduced = " **Reduced run** (fewer steps or images than the paper's; not converged)." if s.get("reduced") else ""
+        lines += ["", f"**{name}** — {s['dataset']}, {s['num_train']:,} train / {s['num_test']:,} test images, "
+                      f"{s['patch_shape'][0]}×{s['patch_shape'][1]} patches, Adam {s['learning_rate']}, batch {s['batch_size']}, "
+                      f"{s['steps']:,} steps.{reduced} {provenance(exp)}", ""]
+        rows = []
+        for model, r in exp["models"].items():
+            paper = r.get("paper", {})
+            paper_m = f" (M={paper['num_inducing']:,})" if "num_inducing" in paper else ""
+            goal = r.get("goal")
+            rows.append([f"`{model}`", num(r["num_inducing"]), pct(r["test_error"]), pct(paper.get("error")) + paper_m,
+                         num(r["test_nlpp"]), num(paper.get("nlpp")), f"{num(r['elbo'], 5)} ± {num(r['elbo_stderr'])}",
+                         num(r["s_per_step"]), f"{goal['text']}: {yes_no(goal['met'])}" if goal else "—", r.get("device", "?")])
+        lines += table(["model", "M", "error", "paper error", "NLPP", "paper NLPP", "ELBO ± s.e.", "s/step", "goal met",
+                        "device"], rows)
+        if "goal" in exp:
+            lines += ["", f"Goal ({exp['goal']['text']}): {yes_no(exp['goal']['met'])}."]
+    return lines
+
+
+@formatter("reproduce_invariance")
+def _reproduce_invariance(report: dict) -> list[str]:
+    lines = []
+    experiments = report.get("experiments", {})
+    if "rotated" in experiments:
+        exp = experiments["rotated"]
+        s = exp["settings"]
+        reduced = " **Reduced run** (far fewer steps than the paper's; not converged)." if s.get("reduced") else ""
+        lines += ["", f"**rotated MNIST odd vs even** (seed 001 §5.1, fig. 3) — {s['steps']:,} Adam steps, batch "
+                      f"{s['batch_size']}, M={s['num_inducing']}, {s['num_orbit_samples']} orbit samples, α starts at "
+                      f"{num(s['initial_alpha'])}°.{reduced} {provenance(exp)}", ""]
+        rows = []
+        for run in exp["runs"].values():
+            goals = "; ".join(f"{k}: {yes_no(v)}" for k, v in run["goals"].items())
+            for model, r in run["models"].items():
+                rows.append([f"{num(run['alpha_true'])}°", f"`{model}`", num(r.get("alpha_final")) + ("°" if "alpha_final" in r else ""),
+                             pct(r["test_error"]), num(r["test_nlpp"]), f"{num(r['elbo'], 5)} ± {num(r['elbo_stderr'])}",
+                             num(r["s_per_step"]), goals if model == "invariant-rot" else "", r.get("device", "?")])
+        lines += table(["α_true", "model", "learned α", "error", "NLPP", "ELBO ± s.e.", "s/step", "goals met", "device"], rows)
+        if s.get("figure"):
+            lines += ["", f"Learned α over training: `benchmarks/results/{Path(s['figure']).name}`. Paper: α ≈ α_true for "
+                          "90°, under-estimated for 180°; invariant beats RBF in error and ELBO."]
+    if "mnist10" in experiments:
+        exp = experiments["mnist10"]
+        s = exp["settings"]
+        reduced = " **Reduced run** (far fewer steps than the paper's; not converged)." if s.get("reduced") else ""
+        lines += ["", f"**MNIST 10-class, Gaussian likelihood** (seed 001 §5.2, fig. 4) — {s['num_train']:,} / "
+                      f"{s['num_test']:,} images, {s['likelihood']}, {s['steps_per_class']:,} steps per class, "
+                      f"M={s['num_inducing']}.{reduced} {provenance(exp)}", ""]
+        rows = [[f"`{m}`", pct(r["test_error"]), pct(r["paper"]["error"]), f"{num(r['elbo'], 5)} ± {num(r['elbo_stderr'])}",
+                 num(r["s_per_step"]), r.get("device", "?")] for m, r in exp["models"].items()]
+        lines += table(["model", "error", "paper error", "ELBO ± s.e. (sum of one-vs-rest)", "s/step", "device"], rows)
+        if exp.get("goals"):
+            lines += ["", "Goals: " + "; ".join(f"{k}: {yes_no(v)}" for k, v in exp["goals"].items()) + "."]
+    return lines
+
+
+@formatter("conv_kernels")
+def _conv_kernels(report: dict) -> list[str]:
+    s = report["setting"]
+    rows = [[name, num(report["timings"][name]["wall_s"]), num(report["step_over_bound"]["wall_s"][name])]
+            for name in report["step_over_bound"]["wall_s"]]
+    return ["", f"B={s['B']}, image {s['image_shape']}, patch {s['patch_shape']}, M={s['M']}, {s['dtype']}; bound = "
+                f"B·P² exps at this machine's measured exp rate ({num(report['bound_s']['wall_s'])} s). {provenance(report)}", ""] + \
+        table(["hot path", "wall s", "× bound"], rows)
+
+
+@formatter("svgp_scaling")
+def _svgp_scaling(report: dict) -> list[str]:
+    rows = [[num(r["N"]), num(r["M"]), num(r["D"]), r["dtype"], num(r["gpzoo_step_s"]), num(r["reference_step_s"]), num(r["ratio"])]
+            for r in report["results"]]
+    return ["", f"Ratio threshold {num(report['threshold_ratio'])}; all below: {yes_no(report['all_below_threshold'])}. "
+                f"{provenance(report)}", ""] + table(["N", "M", "D", "dtype", "gpzoo s/step", "reference s/step", "ratio"], rows)
+
+
+@formatter("polya_gamma_throughput")
+def _polya_gamma(report: dict) -> list[str]:
+    rows = [[num(c["c"]), num(c["ours_draws_per_s"]), num(c["polyagamma_draws_per_s"]), num(c["ratio"])] for c in report["cases"]]
+    return ["", f"{num(report['num_draws'])} draws, goal ratio ≥ {num(report['goal_ratio'])}, min ratio "
+                f"{num(report['min_ratio'])}. {provenance(report)}", ""] + \
+        table(["c", "ours draws/s", "polyagamma draws/s", "ratio"], rows)
+
+
+@formatter("invariance_toy")
+def _invariance_toy(report: dict) -> list[str]:
+    rows = [[key, num(r["elbo"], 4), num(r["train_rmse"]), num(r["test_rmse"]), num(r["fit_seconds"])]
+            for key, r in report["summary"].items()]
+    return ["", provenance(report), ""] + table(["setting / model", "ELBO", "train RMSE", "test RMSE", "fit s"], rows)
+
+
+def generic(report: dict) -> list[str]:
+    """Fallback: the top-level numbers (and those one level down) as a key/value table."""
+    rows = []
+    for key, value in report.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) or isinstance(value, bool):
+            rows.append([f"`{key}`", num(value)])
+        elif isinstance(value, dict):
+            rows += [[f"`{key}.{k}`", num(v)] for k, v in value.items() if isinstance(v, (int, float))]
+    rows = rows[:20]
+    return ["", provenance(report), ""] + (table(["quantity", "value"], rows) if rows else ["(no top-level numbers)"])
+
+
+# ----------------------------------------------------------------------------- README
+def render(results_dir: Path = RESULTS) -> str:
+    """The Markdown that goes between the markers, from every ``*.json`` in ``results_dir``."""
+    files = sorted(results_dir.glob("*.json"), key=lambda p: (ORDER.index(p.stem) if p.stem in ORDER else len(ORDER), p.stem))
+    lines = []
+    for path in files:
+        try:
+            report = json.loads(path.read_text())
+            body = FORMATTERS.get(path.stem, generic)(report)
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:  # a malformed file must not hide the rest
+            body = ["", f"(could not summarise: {type(exc).__name__}: {exc})"]
+        lines += ["", f"### {TITLES.get(path.stem, path.stem.replace('_', ' '))}", *body]
+    return "\n".join(lines).strip("\n")
+
+
+def updated_readme(text: str, section: str) -> str:
+    start, stop = text.find(BEGIN), text.find(END)
+    if start < 0 or stop < start:
+        raise SystemExit(f"README has no {BEGIN} ... {END} markers")
+    return text[: start + len(BEGIN)] + "\n" + section + "\n" + text[stop:]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--readme", type=Path, default=README)
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--check", action="store_true", help="exit 1 if the README section is out of date; write nothing")
+    args = parser.parse_args(argv)
+    text = args.readme.read_text()
+    new = updated_readme(text, render(args.results))
+    if args.check:
+        if new != text:
+            print(f"{args.readme} results section is out of date; run benchmarks/summarise.py", file=sys.stderr)
+            return 1
+        return 0
+    if new != text:
+        args.readme.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

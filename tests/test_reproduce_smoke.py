@@ -1,0 +1,88 @@
+"""The paper-reproduction scripts still run against the library, and the README results are current.
+
+The reproductions themselves are long benchmark runs; here they run with ``--quick`` (a few
+steps on a few dozen images, numbers meaningless) to check the plumbing and the JSON layout.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str):
+    if str(BENCHMARKS) not in sys.path:  # reproduce_invariance imports its helpers from reproduce_conv
+        sys.path.insert(0, str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(f"_benchmark_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_summarise_is_idempotent_and_checks(tmp_path):
+    summarise = _load("summarise")
+    readme = tmp_path / "README.md"
+    shutil.copy(BENCHMARKS.parent / "README.md", readme)
+    assert summarise.main(["--readme", str(readme)]) == 0
+    first = readme.read_text()
+    assert summarise.main(["--readme", str(readme)]) == 0
+    assert readme.read_text() == first
+    assert summarise.main(["--readme", str(readme), "--check"]) == 0
+    assert first.count(summarise.BEGIN) == first.count(summarise.END) == 1
+    for path in (BENCHMARKS / "results").glob("*.json"):
+        assert f"### {summarise.TITLES.get(path.stem, path.stem.replace('_', ' '))}" in first
+
+    readme.write_text(first.replace(summarise.END, "stale\n" + summarise.END))
+    assert summarise.main(["--readme", str(readme), "--check"]) == 1
+
+
+def test_summarise_generic_fallback_and_bad_files(tmp_path):
+    summarise = _load("summarise")
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "new_benchmark.json").write_text(json.dumps({"speedup": 2.5, "machine": {"devices": ["cpu:0"]}}))
+    (results / "conv_kernels.json").write_text(json.dumps({"unexpected": 1}))
+    section = summarise.render(results)
+    assert "### new benchmark" in section and "| `speedup` | 2.5 |" in section
+    assert "could not summarise: KeyError" in section
+
+
+@pytest.mark.slow
+def test_reproduce_scripts_quick(tmp_path):
+    conv = _load("reproduce_conv")
+    out = tmp_path / "conv.json"
+    conv.main(["--quick", "--experiment", "rectangles", "--models", "conv", "--out", str(out)])
+    conv.main(["--quick", "--experiment", "mnist01", "--out", str(out)])  # merges, keeps rectangles
+    report = json.loads(out.read_text())
+    assert set(report["experiments"]) == {"rectangles", "mnist01"}
+    record = report["experiments"]["mnist01"]["models"]["weighted-conv"]
+    for key in ("steps", "wall_s", "s_per_step", "elbo", "elbo_stderr", "test_error", "test_nlpp", "paper", "goal", "device"):
+        assert key in record, key
+    assert 0.0 <= record["test_error"] <= 1.0 and record["test_nlpp"] > 0
+    assert report["experiments"]["mnist01"]["settings"]["reduced"]
+    assert {"devices", "jax"} <= set(report["experiments"]["mnist01"]["machine"])
+
+    invariance = _load("reproduce_invariance")
+    out = tmp_path / "invariance.json"
+    invariance.main(["--quick", "--experiment", "rotated", "--steps", "2", "--out", str(out),
+                     "--figure", str(tmp_path / "alpha.png")])
+    run = json.loads(out.read_text())["experiments"]["rotated"]["runs"]["alpha_true=90"]
+    curve = run["models"]["invariant-rot"]["alpha_curve"]
+    assert curve["step"] == [0, 1, 2] and curve["alpha"][0] == pytest.approx(45.0, rel=1e-4)
+    assert curve["alpha"][-1] == pytest.approx(run["models"]["invariant-rot"]["alpha_final"])
+    assert set(run["goals"]) == {"invariant beats RBF in test error and ELBO", "learned α within 20% of 90°"}
+    assert (tmp_path / "alpha.png").stat().st_size > 0
+
+    invariance.main(["--quick", "--experiment", "mnist10", "--mnist10-models", "svgp-rbf", "--steps", "2", "--out", str(out)])
+    report = json.loads(out.read_text())["experiments"]
+    assert set(report) == {"rotated", "mnist10"}
+    assert report["mnist10"]["settings"]["digits"] == [0, 1]
+    assert 0.0 <= report["mnist10"]["models"]["svgp-rbf"]["test_error"] <= 1.0
