@@ -145,10 +145,8 @@ def run_rotated(args) -> dict:
                  bool(inv["test_error"] < rbf["test_error"] and inv["elbo"] > rbf["elbo"])}
         if alpha_true == 90.0:
             goals["learned α within 20% of 90°"] = bool(abs(inv["alpha_final"] - 90.0) <= 18.0)
-        runs[f"alpha_true={alpha_true:g}"] = {"alpha_true": alpha_true, "num_train": int(X.shape[0]),
+        runs[f"alpha_true={alpha_true:g}"] = {"alpha_true": alpha_true, "steps": args.steps, "num_train": int(X.shape[0]),
                                               "num_test": int(X_test.shape[0]), "models": models, "goals": goals}
-    if args.figure:
-        plot_alpha(runs, args.figure)
     return {
         "date": now(), "machine": machine_info(),
         "settings": {"dataset": "mnist-rotated (odd vs even)", "steps": args.steps, "paper_steps": PAPER_STEPS,
@@ -216,13 +214,6 @@ def run_mnist10(args) -> dict:
                         "test_error": error, "paper": {"error": PAPER_MNIST10[name]},
                         "device": jax.devices()[0].device_kind}
         print(f"    error {error:.4f}  elbo {models[name]['elbo']:.1f}", flush=True)
-    goals = {}
-    if {"svgp-rbf", "invariant-affine"} <= set(models):
-        goals["all-affine error below RBF"] = bool(models["invariant-affine"]["test_error"] < models["svgp-rbf"]["test_error"])
-    if len(models) > 1:
-        by_elbo = sorted(models, key=lambda m: -models[m]["elbo"])
-        by_error = sorted(models, key=lambda m: models[m]["test_error"])
-        goals["ELBO ranking matches error ranking"] = by_elbo == by_error
     return {
         "date": now(), "machine": machine_info(),
         "settings": {"dataset": "mnist-10", "likelihood": f"Gaussian on one-hot targets, {len(classes)} one-vs-rest GPs, argmax",
@@ -231,8 +222,33 @@ def run_mnist10(args) -> dict:
                      "num_orbit_samples": args.orbit_samples, "seed": args.seed, "num_train": int(X.shape[0]),
                      "num_test": int(X_test.shape[0]), "digits": classes,
                      "reduced": bool(args.steps < PAPER_STEPS or X.shape[0] < data.num_train or X_test.shape[0] < data.num_test)},
-        "models": models, "goals": goals,
+        "models": models, "goals": mnist10_goals(models),
     }
+
+
+def mnist10_goals(models: dict) -> dict:
+    goals = {}
+    if {"svgp-rbf", "invariant-affine"} <= set(models):
+        goals["all-affine error below RBF"] = bool(models["invariant-affine"]["test_error"] < models["svgp-rbf"]["test_error"])
+    if len(models) > 1:
+        by_elbo = sorted(models, key=lambda m: -models[m]["elbo"])
+        by_error = sorted(models, key=lambda m: models[m]["test_error"])
+        goals["ELBO ranking matches error ranking"] = by_elbo == by_error
+    return goals
+
+
+def combine(name: str, old: dict | None, new: dict) -> dict:
+    """Accumulate partial runs: rotated keeps the α_true runs not redone (each records its own
+    steps); mnist10 keeps the models not redone when the settings are the same."""
+    if not old:
+        return new
+    if name == "rotated":
+        new["runs"] = {**old.get("runs", {}), **new["runs"]}
+        new["runs"] = dict(sorted(new["runs"].items(), key=lambda kv: kv[1]["alpha_true"]))
+    elif name == "mnist10" and old.get("settings") == new["settings"]:
+        new["models"] = {**old["models"], **new["models"]}
+        new["goals"] = mnist10_goals(new["models"])
+    return new
 
 
 EXPERIMENTS = {"rotated": run_rotated, "mnist10": run_mnist10}
@@ -283,7 +299,11 @@ def main(argv=None) -> dict:
     names = list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]
     report = {}
     for name in names:
-        report = merge_results(args.out, name, EXPERIMENTS[name](args))
+        previous = json.loads(args.out.read_text()).get("experiments", {}).get(name) if args.out.exists() else None
+        payload = combine(name, previous, EXPERIMENTS[name](args))
+        if name == "rotated" and args.figure:
+            plot_alpha(payload["runs"], args.figure)
+        report = merge_results(args.out, name, payload)
     return report
 
 
