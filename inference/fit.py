@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import optax
+import threadpoolctl
 from numpyro.infer import SVI, TraceMeanField_ELBO
 from numpyro.optim import optax_to_numpyro
 from tqdm.auto import tqdm
@@ -34,7 +35,9 @@ from models.zoo import ModelSpec
 
 __all__ = ["ElboEstimate", "FitResult", "Prediction", "evaluate_elbo", "fit", "predict", "build_family"]
 
-_FAMILIES = {"svgp": SVGP}
+#: "svgp-logistic-pg" fits a plain SVGP by Pólya–Gamma natural gradients (:mod:`inference.pg_natgrad`);
+#: its model and guide are the SVGP's, so prediction and the ELBO use them unchanged.
+_FAMILIES = {"svgp": SVGP, "svgp-logistic-pg": SVGP}
 
 
 def register_family(name: str, builder) -> None:
@@ -155,7 +158,29 @@ def fit(
     ``learning_rate`` (a float or an optax schedule). With ``checkpoint_dir`` a checkpoint is
     written every ``checkpoint_every`` steps (default: every 10 % of the run) and at the end;
     ``resume=True`` continues from the checkpoint there and reproduces the uninterrupted run.
+
+    ``spec.method == "svgp-logistic-pg"`` is fitted by Pólya–Gamma natural gradients
+    (:func:`inference.pg_natgrad.fit_pg_natgrad`; ``optimizer``/``learning_rate`` then drive the
+    hyperparameter steps; no checkpoints). OpenBLAS runs single-threaded during the fit: on a
+    small shared machine its threads made the Cholesky gradient ~50x slower
+    (``benchmarks/svgp_scaling.py``).
     """
+    with threadpoolctl.threadpool_limits(1, user_api="blas"):
+        if isinstance(spec, ModelSpec) and spec.method == "svgp-logistic-pg":
+            if checkpoint_dir is not None or resume:
+                raise InvalidArgumentError("checkpoint_dir", "the svgp-logistic-pg path does not write checkpoints")
+            from inference.pg_natgrad import fit_pg_natgrad  # noqa: PLC0415 - it imports this module
+
+            return fit_pg_natgrad(spec, X, y, steps=steps, batch_size=batch_size, seed=seed, learning_rate=learning_rate,
+                                  optimizer=optimizer, inducing=inducing, progress=progress, chunk_size=chunk_size)
+        return _fit_svi(spec, X, y, steps=steps, batch_size=batch_size, seed=seed, learning_rate=learning_rate,
+                        optimizer=optimizer, inducing=inducing, checkpoint_dir=checkpoint_dir,
+                        checkpoint_every=checkpoint_every, resume=resume, progress=progress, chunk_size=chunk_size)
+
+
+def _fit_svi(spec, X, y, *, steps, batch_size, seed, learning_rate, optimizer, inducing, checkpoint_dir,
+             checkpoint_every, resume, progress, chunk_size) -> FitResult:
+    """``fit`` for every NumPyro-SVI family: optax through ``SVI`` in jitted ``lax.scan`` chunks."""
     if not isinstance(spec, ModelSpec):
         raise InvalidArgumentError("spec", f"expected a ModelSpec (zoo.get(name, ...)), got {type(spec).__name__}")
     X, y = validate_data(spec, X, y)

@@ -202,4 +202,4 @@ def _load_families():
 
 
 #: Modules that register zoo models on import; a module that is not present is skipped.
-_FAMILY_MODULES = ("models.zoo_convolutional", "models.zoo_invariant")
+_FAMILY_MODULES = ("models.zoo_convolutional", "models.zoo_invariant", "models.zoo_pg")
