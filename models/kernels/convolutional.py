@@ -172,74 +172,172 @@ def _pad_rows(U, w, block: int):
     return Up, wp, (P + pad) // block
 
 
-def _se_gram_sweep(U, w, block: int, with_grads: bool):
-    """One sweep over row blocks of Σ_pq w_p w_q exp(−½‖u_p − u_q‖²); optionally its gradients.
+#: Target side of one square ``[b, b]`` block of the patch Gram in the symmetric SE sweep.
+SE_BLOCK = 48
+#: Target number of elements of one ``[r, b, h·b]`` tile of the symmetric SE sweep (fits in L2).
+SE_TILE_ELEMENTS = 2**18
 
-    U ``[R, P, E]`` (patches / ℓ), w ``[R, P]``. Returns value ``[R]`` and, with gradients,
-    dU ``[R, P, E]`` and dw ``[R, P]``. With K_pq = exp(−½ r²_pq) and (Kw)_p = Σ_q K_pq w_q:
-    ∂/∂w_p = 2 (Kw)_p,  ∂/∂u_p = −2 w_p (u_p (Kw)_p − Σ_q K_pq w_q u_q)  (K symmetric).
+
+def _se_plan(R: int, P: int, block_size: int | None) -> tuple[int, int, int, int]:
+    """Blocking of the symmetric sweep: (nb column blocks of b patches, h blocks per band, r rows per chunk).
+
+    The P patches are cut into nb blocks of b (an odd nb by default, so no block pair is
+    visited twice); row block i meets the band of column blocks i, i+1, ..., i+nb//2 (mod nb),
+    which covers every unordered block pair once: about P²/2 + P·b/2 exps instead of P².
+    """
+    if block_size is None:
+        nb = max(1, round(P / SE_BLOCK))
+        nb += 1 - nb % 2  # odd
+    else:
+        nb = max(1, math.ceil(P / max(1, int(block_size))))
+    b = math.ceil(P / nb)
+    h = nb // 2 + 1
+    r = int(max(1, min(R, SE_TILE_ELEMENTS // (b * h * b))))
+    return nb, b, h, r
+
+
+def _se_band_sweep(U, w, block_size, *, need_kw: bool, need_rhs: bool):
+    """One symmetric sweep over the SE patch Gram K_pq = exp(−½‖u_p − u_q‖²) of every row.
+
+    U ``[R, P, E]`` (patches / ℓ), w ``[R, P]``. Returns ``value`` ``[R]`` = Σ_pq w_p w_q K_pq,
+    ``t`` ``[R]`` = Σ_pq w_p w_q K_pq (−½ r²_pq) (the scalar-lengthscale gradient), and, when
+    asked, ``Kw`` ``[R, P]`` = K w (``need_kw``) and ``KWU`` ``[R, P, E]`` = K (w ∘ U)
+    (``need_rhs``, the patch gradient). The exponent comes from one matmul of augmented
+    patches [u, −½‖u‖², 1]·[u, 1, −½‖u‖²] = −½ r²; a block of K is evaluated once, and serves its
+    row block (K rhs) and, off the diagonal, its column block (Kᵀ rhs) by symmetry. Images are
+    processed r at a time so that one ``[r, b, h·b]`` tile stays in cache.
     """
     R, P, E = U.shape
-    Up, wp, num_blocks = _pad_rows(U, w, block)  # [R, Pp, E], [R, Pp]
-    sq = jnp.sum(Up**2, axis=-1)  # [R, Pp]
-    rhs = jnp.concatenate([wp[..., None], wp[..., None] * Up], axis=-1) if with_grads else wp[..., None]  # [R, Pp, 1(+E)]
-    blocks = (
-        jnp.moveaxis(Up.reshape(R, num_blocks, block, E), 1, 0),  # [nb, R, b, E]
-        jnp.moveaxis(wp.reshape(R, num_blocks, block), 1, 0),  # [nb, R, b]
-        jnp.moveaxis(sq.reshape(R, num_blocks, block), 1, 0),  # [nb, R, b]
-    )
+    nb, b, h, r = _se_plan(R, P, block_size)
+    Pp, Rp, hb = nb * b, -(-R // r) * r, h * b
+    dtype = U.dtype
+    Up = jnp.pad(U, ((0, Rp - R), (0, Pp - P), (0, 0)))  # [Rp, Pp, E]  padded patches have weight 0
+    wp = jnp.pad(w, ((0, Rp - R), (0, Pp - P)))  # [Rp, Pp]
+    half_sq = -0.5 * jnp.sum(Up**2, axis=-1, keepdims=True)  # [Rp, Pp, 1]
+    ones = jnp.ones_like(half_sq)
+    left = jnp.concatenate([Up, half_sq, ones], axis=-1)  # [Rp, Pp, E+2]
+    right = jnp.concatenate([Up, ones, half_sq], axis=-1)  # [Rp, Pp, E+2]
+    wrap = (h - 1) * b  # the band of the last row blocks wraps around to the first columns
+    right = jnp.concatenate([right, right[:, :wrap]], axis=1)  # [Rp, Pp+wrap, E+2]
+    w_cols = jnp.concatenate([wp, wp[:, :wrap]], axis=1)  # [Rp, Pp+wrap]
+    columns = [w_cols[..., None]] if need_kw or need_rhs else []
+    if need_rhs:
+        wu = wp[..., None] * Up  # [Rp, Pp, E]
+        columns.append(jnp.concatenate([wu, wu[:, :wrap]], axis=1))
+    rhs = jnp.concatenate(columns, axis=-1) if columns else None  # [Rp, Pp+wrap, K]
+    # band position j of row block i is column block i + j // b: block 0 is the diagonal block
+    # (its own transpose), and with an even nb the last block pair of the band is met twice
+    pair = np.full(hb, 2.0)  # [hb] weight of the unordered pair in the sums
+    pair[:b] = 1.0
+    if nb % 2 == 0 and nb > 1:
+        pair[(h - 1) * b:] = 1.0
+    transpose = jnp.asarray((pair == 2.0).astype(np.float64), dtype)  # [hb] blocks that also serve their column block
+    pair = jnp.asarray(pair, dtype)
 
-    def body(total, xs):
-        Ub, wb, sqb = xs  # [R, b, E], [R, b], [R, b]
-        cross = jnp.einsum("rbe,rpe->rbp", Ub, Up, precision=_HIGHEST)  # [R, b, Pp]
-        K = jnp.exp(-0.5 * jnp.maximum(sqb[:, :, None] + sq[:, None, :] - 2.0 * cross, 0.0))  # [R, b, Pp]
-        KW = jnp.einsum("rbp,rpk->rbk", K, rhs, precision=_HIGHEST)  # [R, b, 1(+E)]
-        Kw = KW[..., 0]  # [R, b]
-        total = total + jnp.sum(wb * Kw, axis=-1)  # [R]
-        if not with_grads:
-            return total, None
-        dU = -2.0 * wb[..., None] * (Ub * Kw[..., None] - KW[..., 1:])  # [R, b, E]
-        return total, (dU, 2.0 * Kw)
+    def chunk(xs):
+        L, Rr, wc, H = xs  # [r, Pp, E+2], [r, Pp+wrap, E+2], [r, Pp+wrap], [r, Pp+wrap, K] or None
 
-    total, grads = jax.lax.scan(body, jnp.zeros((R,), U.dtype), blocks)  # [R]
-    if not with_grads:
-        return total, None, None
-    dU = jnp.moveaxis(grads[0], 0, 1).reshape(R, -1, E)[:, :P]  # [R, P, E]
-    dw = jnp.moveaxis(grads[1], 0, 1).reshape(R, -1)[:, :P]  # [R, P]
-    return total, dU, dw
+        def body(carry, i):
+            total, t, col = carry  # [r], [r], [r, Pp+wrap, K]
+            start = i * b
+            Li = jax.lax.dynamic_slice_in_dim(L, start, b, 1)  # [r, b, E+2]
+            wi = jax.lax.dynamic_slice_in_dim(wc, start, b, 1)  # [r, b]
+            Rband = jax.lax.dynamic_slice_in_dim(Rr, start, hb, 1)  # [r, hb, E+2]
+            wband = jax.lax.dynamic_slice_in_dim(wc, start, hb, 1)  # [r, hb]
+            S = jnp.minimum(jnp.einsum("rbe,rce->rbc", Li, Rband, precision=_HIGHEST), 0.0)  # [r, b, hb]  −½ r²
+            K = jnp.exp(S)  # [r, b, hb]
+            WK = wi[:, :, None] * K * (wband * pair)[:, None, :]  # [r, b, hb]
+            total = total + jnp.sum(WK, axis=(1, 2))
+            t = t + jnp.sum(WK * S, axis=(1, 2))
+            if H is None:
+                return (total, t, col), None
+            Hi = jax.lax.dynamic_slice_in_dim(H, start, b, 1)  # [r, b, K]
+            Hband = jax.lax.dynamic_slice_in_dim(H, start, hb, 1)  # [r, hb, K]
+            rows = jnp.einsum("rbc,rck->rbk", K, Hband, precision=_HIGHEST)  # [r, b, K]
+            cols = jnp.einsum("rbc,rbk->rck", K, Hi, precision=_HIGHEST) * transpose[:, None]  # [r, hb, K]
+            col = jax.lax.dynamic_update_slice_in_dim(col, jax.lax.dynamic_slice_in_dim(col, start, hb, 1) + cols, start, 1)
+            return (total, t, col), rows
+
+        K_ = 0 if H is None else H.shape[-1]
+        init = (jnp.zeros((r,), dtype), jnp.zeros((r,), dtype), jnp.zeros((r, Pp + wrap, K_), dtype))
+        (total, t, col), rows = jax.lax.scan(body, init, jnp.arange(nb))
+        if H is None:
+            return total, t, None
+        KH = jnp.moveaxis(rows, 0, 1).reshape(r, Pp, K_) + col[:, :Pp]  # [r, Pp, K]
+        KH = KH.at[:, :wrap].add(col[:, Pp:])
+        return total, t, KH
+
+    def split(a):  # [Rp, ...] -> [Rp/r, r, ...]
+        return None if a is None else a.reshape(Rp // r, r, *a.shape[1:])
+
+    total, t, KH = jax.lax.map(chunk, (split(left), split(right), split(w_cols), split(rhs)))
+    total, t = total.reshape(Rp)[:R], t.reshape(Rp)[:R]  # [R], [R]
+    if KH is None:
+        return total, t, None, None
+    KH = KH.reshape(Rp, Pp, -1)[:R, :P]  # [R, P, K]
+    return total, t, KH[..., 0], (KH[..., 1:] if need_rhs else None)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _se_gram(U, w, block):
-    return _se_gram_sweep(U, w, block, with_grads=False)[0]  # [R]
+def _se_value(X, lengthscale, w, block_size):
+    return _se_band_sweep(X / lengthscale, w, block_size, need_kw=False, need_rhs=False)[0]  # [R]
 
 
-def _se_gram_fwd(U, w, block):
-    value, dU, dw = _se_gram_sweep(U, w, block, with_grads=True)  # [R], [R, P, E], [R, P]
-    return value, (dU, dw)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _se_gram(X, lengthscale, w, block_size):
+    return _se_value(X, lengthscale, w, block_size)  # [R]
 
 
-def _se_gram_bwd(block, residuals, cotangent):
-    dU, dw = residuals  # [R, P, E], [R, P]
-    return cotangent[:, None, None] * dU, cotangent[:, None] * dw
+def _se_gram_fwd(X, lengthscale, w, block_size):
+    """Value and the gradients that are needed, in the same sweep (``symbolic_zeros``: inputs that
+    are not differentiated — the data patches, the unit weights of the plain kernel — cost nothing).
+
+    Scalar lengthscale, patches not differentiated: ∂/∂ℓ needs only t = Σ w w K (−½ r²/ℓ²):
+    ∂value/∂ℓ = −2 t / ℓ. Otherwise the patch gradient ∂/∂u_p = −2 w_p (u_p (Kw)_p − Σ_q K_pq w_q u_q)
+    gives ∂/∂X = (∂/∂U)/ℓ and ∂/∂ℓ_e = −Σ_p (∂/∂U_pe) U_pe / ℓ_e.
+    """
+    Xv, ls, wv = X.value, lengthscale.value, w.value
+    ls_scalar = jnp.ndim(ls) == 0
+    need_rhs = X.perturbed or (lengthscale.perturbed and not ls_scalar)
+    U = Xv / ls  # [R, P, E]
+    value, t, Kw, KWU = _se_band_sweep(U, wv, block_size, need_kw=w.perturbed or need_rhs, need_rhs=need_rhs)
+    dU = -2.0 * wv[..., None] * (U * Kw[..., None] - KWU) if need_rhs else None  # [R, P, E]
+    dX = dU / ls if X.perturbed else None  # [R, P, E]
+    dls = None
+    if lengthscale.perturbed:
+        dls = -2.0 * t / ls if not need_rhs else -jnp.sum(dU * U, axis=1) / ls  # [R] or [R, E]
+        if ls_scalar and dls.ndim == 2:
+            dls = jnp.sum(dls, axis=-1)  # [R]
+    dw = 2.0 * Kw if w.perturbed else None  # [R, P]
+    return value, (dX, dls, dw)
 
 
-_se_gram.defvjp(_se_gram_fwd, _se_gram_bwd)
+def _se_gram_bwd(block_size, residuals, cotangent):
+    dX, dls, dw = residuals  # [R, P, E] or None, [R] / [R, E] or None, [R, P] or None
+    ct = cotangent  # [R]
+    out_X = None if dX is None else ct[:, None, None] * dX  # [R, P, E]
+    out_ls = None if dls is None else jnp.tensordot(ct, dls, axes=(0, 0))  # [] or [E]
+    out_w = None if dw is None else ct[:, None] * dw  # [R, P]
+    return out_X, out_ls, out_w
 
 
-def se_patch_gram_sum(U, weights, block_size: int | None = None):
-    """Σ_pq w_p w_q exp(−½‖u_p − u_q‖²) per row: U ``[R, P, E]``, weights ``[R, P]`` -> ``[R]``.
+_se_gram.defvjp(_se_gram_fwd, _se_gram_bwd, symbolic_zeros=True)
 
-    The Kff diagonal of a convolutional kernel with an SE base kernel (seed 000 eq. 18, with
-    u = patches/ℓ and the variance applied by the caller). A ``jax.custom_vjp``: under
-    differentiation the forward pass computes value and gradients in the same sweep over row
-    blocks ``[R, block, P]`` and keeps only ``[R, P, E]`` + ``[R, P]`` for the backward pass, so
-    each of the R·P² exps is evaluated once and no ``[R, P, P]`` array is ever stored.
-    First-order reverse mode only (no forward mode, no Hessians).
+
+def se_patch_gram_sum(U, weights, block_size: int | None = None, *, lengthscale=None):
+    """Σ_pq w_p w_q exp(−½‖u_p − u_q‖²) per row, u = U / ``lengthscale``: U ``[R, P, E]``, weights ``[R, P]`` -> ``[R]``.
+
+    The Kff diagonal of a convolutional kernel with an SE base kernel (seed 000 eq. 18, the
+    variance applied by the caller); ``lengthscale`` is a scalar or ``[E]`` (default 1). A
+    ``jax.custom_vjp`` whose forward pass computes value and the gradients that are needed in one
+    symmetric sweep (:func:`_se_band_sweep`): about R·P²/2 exps, each evaluated once, never an
+    ``[R, P, P]`` array. With the data patches not differentiated and a scalar lengthscale the
+    gradients are scalars per row (no K·(w∘U) products at all). ``block_size`` fixes the side
+    of the square Gram blocks. First-order reverse mode only (no forward mode, no Hessians).
     """
     U = jnp.asarray(U)
     weights = jnp.broadcast_to(jnp.asarray(weights, U.dtype), U.shape[:2])  # [R, P]
-    return _se_gram(U, weights, _tile_rows(U.shape[0], U.shape[1], block_size))
+    lengthscale = jnp.asarray(1.0 if lengthscale is None else lengthscale, U.dtype)  # [] or [E]
+    return _se_gram(U, lengthscale, weights, block_size)
 
 
 def _checkpointed_gram_sum(kernel: Kernel, patches, weights, block_size: int | None):
@@ -276,7 +374,7 @@ def patch_gram_sum(kernel: Kernel, patches, weights, method: str = "auto", block
         if not _is_plain_se(kernel):
             raise InvalidArgumentError("kff_method", f"'fused' needs a SquaredExponential base kernel, got {type(kernel).__name__}")
         lengthscale = jnp.asarray(kernel.lengthscale, patches.dtype)  # [] or [E]
-        return kernel.variance * se_patch_gram_sum(patches / lengthscale, weights, block_size)  # [R]
+        return kernel.variance * se_patch_gram_sum(patches, weights, block_size, lengthscale=lengthscale)  # [R]
     if method == "checkpoint":
         return _checkpointed_gram_sum(kernel, patches, weights, block_size)  # [R]
     if method == "naive":
