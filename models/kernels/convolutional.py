@@ -244,11 +244,13 @@ def _se_band_sweep(U, w, block_size, *, need_kw: bool, need_rhs: bool):
             wi = jax.lax.dynamic_slice_in_dim(wc, start, b, 1)  # [r, b]
             Rband = jax.lax.dynamic_slice_in_dim(Rr, start, hb, 1)  # [r, hb, E+2]
             wband = jax.lax.dynamic_slice_in_dim(wc, start, hb, 1)  # [r, hb]
-            S = jnp.minimum(jnp.einsum("rbe,rce->rbc", Li, Rband, precision=_HIGHEST), 0.0)  # [r, b, hb]  −½ r²
+            # −½ r² by expansion; rounding can make it slightly positive where r² ≈ 0, which
+            # moves K by the same relative amount as a clamp would (no extra pass for a clamp)
+            S = jnp.einsum("rbe,rce->rbc", Li, Rband, precision=_HIGHEST)  # [r, b, hb]
             K = jnp.exp(S)  # [r, b, hb]
-            WK = wi[:, :, None] * K * (wband * pair)[:, None, :]  # [r, b, hb]
-            total = total + jnp.sum(WK, axis=(1, 2))
-            t = t + jnp.sum(WK * S, axis=(1, 2))
+            WK = K * (wband * pair)[:, None, :]  # [r, b, hb]
+            total = total + jnp.einsum("rbc,rb->r", WK, wi)  # Σ w w K
+            t = t + jnp.einsum("rbc,rb->r", WK * S, wi)  # Σ w w K (−½ r²)
             if H is None:
                 return (total, t, col), None
             Hi = jax.lax.dynamic_slice_in_dim(H, start, b, 1)  # [r, b, K]
