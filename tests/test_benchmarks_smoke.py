@@ -37,3 +37,36 @@ def test_svgp_scaling_quick(tmp_path):
         assert all(t > 0 for t in r["gpzoo_repeats_s"] + r["reference_repeats_s"])
         assert r["loss_rel_diff"] < 1e-4  # like-for-like: same loss at identical parameters
         assert r["jitter_used"]["initial"] == pytest.approx(1e-6, rel=1e-6)
+
+
+def test_pg_natgrad_benchmark_tiny(tmp_path):
+    pg_natgrad = _load("pg_natgrad")
+    out = tmp_path / "pg_natgrad.json"
+    pg_natgrad.main(["--N", "150", "--M", "6", "--hyperparameters", "1", "1", "--max-cavi-steps", "40",
+                     "--max-adam-steps", "200", "--learning-rates", "0.1", "--repeats", "1", "--out", str(out)])
+
+    report = json.loads(out.read_text())
+    assert {"machine", "protocol", "goal_ratio", "speed_ratios", "goal_met", "results"} <= set(report)
+    (r,) = report["results"]
+    assert (r["N"], r["M"], r["lengthscale"], r["variance"]) == (150, 6, 1.0, 1.0)
+    assert r["optimum_converged"] and r["cavi"]["steps_to_target"] >= 1 and r["cavi"]["seconds"] > 0
+    assert r["adam"] is not None and r["adam"]["learning_rate"] == 0.1 and r["speed_ratio"] > 0
+    assert all(b <= r["optimum_bound"] + 1e-8 for b in r["cavi"]["bounds"])  # nothing beats the optimum
+
+
+@pytest.mark.slow
+def test_gpflow_side_by_side_quick(tmp_path):
+    """The gpzoo half always runs; the GPflow half only where its venv already exists (no install in tests)."""
+    side = _load("gpflow_side_by_side")
+    out = tmp_path / "side.json"
+    side.main(["--quick", "--no-install", "--configs", "rectangles", "--out", str(out)])
+
+    report = json.loads(out.read_text())
+    r = report["results"]["rectangles"]
+    assert r["setting"]["steps"] == 8 and r["setting"]["M"] == 6
+    assert r["gpzoo"]["timed_steps"] == 4 and r["gpzoo"]["median_step_s"] > 0
+    assert 0.0 <= r["gpzoo"]["test_error"] <= 1.0 and r["gpzoo"]["test_nlpp"] > 0 and r["gpzoo"]["peak_rss_mb"] > 0
+    if r["gpflow"].get("skipped"):
+        assert r["gpflow"]["reason"]
+    else:
+        assert r["gpflow"]["timed_steps"] == 4 and r["speed_ratio_gpflow_over_gpzoo"] > 0
