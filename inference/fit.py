@@ -409,13 +409,14 @@ def evaluate_elbo(res: FitResult, X=None, y=None, *, num_samples: int = 32, seed
     """Full-data ELBO Σ_n E_q[log p(y_n|f_n)] − KL (seed 000 eq. 5) with its Monte Carlo SE.
 
     Defaults to the training data. Terms that are analytic (Gaussian, Gauss–Hermite, the KL)
-    contribute no Monte Carlo error; with none stochastic a single draw is used and SE = 0.
+    contribute no Monte Carlo error; with none stochastic (no Monte Carlo likelihood, no sampled
+    orbits, no sampled hyperparameters) a single draw is used and SE = 0.
     """
     X = res.X_train if X is None else X
     y = res.y_train if y is None else y
     X, y = validate_data(res.spec, X, y)
     family = res.family
-    stochastic = bool(res.spec.likelihood.stochastic_expectation) or family.hyper_guide is not None
+    stochastic = family.stochastic_expectation or family.hyper_guide is not None
     S = num_samples if stochastic else 1
     if S < 1:
         raise InvalidArgumentError("num_samples", f"must be >= 1, got {num_samples}")

@@ -175,6 +175,11 @@ class InvariantSVGP(SVGP):
         var = (kff - qff)[:, None] + sv  # [N, L]
         return MomentEstimates(mean, mean_sq + var, var)
 
+    @property
+    def stochastic_expectation(self) -> bool:
+        """Sampled orbits make the expected log-likelihood an unbiased Monte Carlo estimate."""
+        return bool(self.spec.kernel.is_sampled) or super().stochastic_expectation
+
     def expected_log_lik(self, parts: Parts, X, y, key=None):
         """Unbiased estimate of E_q(f_n)[log p(y_n|f_n)] (Gaussian, eq. 15) or of the PG bound (eq. 23), ``[N]``."""
         if not parts.kernel.is_sampled:

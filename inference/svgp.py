@@ -84,6 +84,11 @@ class SVGP:
         Kff_diag = parts.kernel.K_diag(X)  # [N]
         return conditional(Kmn, parts.Luu, Kff_diag, parts.q_mu, parts.q_sqrt, self.spec.q_structure, self.spec.whiten)
 
+    @property
+    def stochastic_expectation(self) -> bool:
+        """Whether :meth:`expected_log_lik` is a Monte Carlo estimate (so the ELBO has an SE)."""
+        return bool(self.spec.likelihood.stochastic_expectation)
+
     def expected_log_lik(self, parts: Parts, X, y, key=None):
         """E_q(f_n)[log p(y_n | f_n)], ``[N]``."""
         mean, var = self.latent_moments(parts, X)

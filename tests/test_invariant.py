@@ -319,3 +319,15 @@ def test_fit_with_recognition_network_improves_the_elbo_and_trains_the_network()
     assert {"pg_recognition.W0", "pg_recognition.b1"} <= set(res.params)
     assert np.abs(res.params["pg_recognition.W1"]).max() > 1e-3  # the zero-initialised last layer moved
     assert np.isfinite(evaluate_elbo(res, num_samples=4).elbo)
+
+
+def test_evaluate_elbo_of_a_sampled_kernel_is_a_monte_carlo_estimate_with_its_se():
+    """Sampled orbits make E log p(y|f) random: several draws and SE > 0; the exact orbit needs one."""
+    X = _rng(13).uniform(size=(40, 9))
+    y = (X.sum(1) > 4.5).astype(float)
+    facts = dict(input_dim=9, image_shape=(3, 3), task="binary", num_inducing=6)
+    sampled = fit(zoo.get("invariant-rot", num_orbit_samples=2, **facts), X, y, steps=5, progress=False)
+    estimate = evaluate_elbo(sampled, num_samples=6)
+    assert estimate.num_samples == 6 and estimate.stderr > 0 and np.ptp(estimate.draws) > 0
+    exact = fit(zoo.get("invariant-finite", **facts), X, y, steps=5, progress=False)
+    assert evaluate_elbo(exact, num_samples=6).num_samples == 1
