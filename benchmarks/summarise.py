@@ -91,10 +91,16 @@ def provenance(report: dict) -> str:
 
 
 # ----------------------------------------------------------------------------- formatters
+CONV_ORDER = ("rectangles", "mnist01", "mnist10")
+STEP_NOTE = "s/step is a fit's wall time over its steps, jit compilation included, on the device named."
+
+
 @formatter("reproduce_conv")
 def _reproduce_conv(report: dict) -> list[str]:
     lines = []
-    for name, exp in report.get("experiments", {}).items():
+    experiments = report.get("experiments", {})
+    for name in sorted(experiments, key=lambda n: (CONV_ORDER.index(n) if n in CONV_ORDER else len(CONV_ORDER), n)):
+        exp = experiments[name]
         s = exp["settings"]
         reduced = " **Reduced run** (fewer steps or images than the paper's; not converged)." if s.get("reduced") else ""
         lines += ["", f"**{name}** — {s['dataset']}, {s['num_train']:,} train / {s['num_test']:,} test images, "
@@ -112,7 +118,7 @@ def _reproduce_conv(report: dict) -> list[str]:
                         "device"], rows)
         if "goal" in exp:
             lines += ["", f"Goal ({exp['goal']['text']}): {yes_no(exp['goal']['met'])}."]
-    return lines
+    return lines + (["", STEP_NOTE] if lines else [])
 
 
 @formatter("reproduce_invariance")
@@ -149,7 +155,7 @@ def _reproduce_invariance(report: dict) -> list[str]:
         lines += table(["model", "error", "paper error", "ELBO ± s.e. (sum of one-vs-rest)", "s/step", "device"], rows)
         if exp.get("goals"):
             lines += ["", "Goals: " + "; ".join(f"{k}: {yes_no(v)}" for k, v in exp["goals"].items()) + "."]
-    return lines
+    return lines + (["", STEP_NOTE] if lines else [])
 
 
 @formatter("conv_kernels")
