@@ -14,7 +14,8 @@ and a warm-up call excluded), as wall-clock and as process CPU time (all threads
   and forward + backward (gradient w.r.t. Z and the lengthscale, fixed random cotangent); they
   must agree;
 * ``kff_fused`` / ``kff_checkpoint`` / ``kff_naive``: the Kff diagonal forward + backward
-  (gradient w.r.t. lengthscale and variance) by the custom-VJP sweep, by row blocks under
+  (gradient w.r.t. lengthscale and variance) by the custom-VJP symmetric sweep (≈ B·P²/2 exps,
+  so it can beat the B·P² bound below, which counts every pair), by row blocks under
   ``jax.checkpoint``, and by plain autodiff of the ``[B, P, P]`` formula; they must agree;
   ``temp_bytes`` is XLA's temporary-buffer size of the compiled function;
 * ``elbo_step``: one SVI step of zoo model ``conv`` (Adam 0.01, ``TraceMeanField_ELBO``), as
@@ -55,7 +56,7 @@ from analysis import datasets  # noqa: E402
 from inference.fit import build_family  # noqa: E402
 from inference.inducing import initialise_inducing  # noqa: E402
 from models import zoo  # noqa: E402
-from models.kernels.convolutional import patch_gram_sum  # noqa: E402
+from models.kernels.convolutional import _se_plan, patch_gram_sum  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "conv_kernels.json"
 DTYPE = jnp.float32
@@ -185,7 +186,8 @@ def build_cases(B: int, image: int, patch: int, M: int, steps: int, matmul_n: in
         )
     temp = {f"kff_{m}": _temp_bytes(kff_fns[m], (ls, var, X)) for m in kff_fns}
     setting = {"B": B, "image_shape": list(shape), "patch_shape": list(patch_shape), "M": M, "P": P, "E": E,
-               "dtype": "float32", "kff_block_rows": int(max(1, min(P, 2**22 // (B * P)))), "steps_per_call": steps,
+               "dtype": "float32", "kff_se_plan": dict(zip(("blocks", "block", "band_blocks", "images_per_tile"), _se_plan(B, P, None))),
+               "steps_per_call": steps,
                "matmul_n": matmul_n, "normalisation": kernel.normalisation}
     return cases, checks, temp, setting
 

@@ -33,8 +33,10 @@ Hot paths. Kuf for a stationary base kernel uses ‖x_p‖² − 2 x_p·z + ‖z
 with both inner products from the strategy (never an ``[N, P, M, E]`` broadcast). The Kff
 diagonal Σ_pq w_p w_q k(x_p, x_q) needs N·P² base-kernel evaluations; for the SE base kernel it
 is :func:`se_patch_gram_sum`, a ``jax.custom_vjp`` whose forward pass under differentiation
-computes the value and all its gradients in one sweep over row blocks (each exp evaluated once,
-no ``[N, P, P]`` temporary kept for the backward pass). Other base kernels use row blocks under
+computes the value and the gradients that are needed in one sweep that visits each unordered
+pair of patch blocks once (the Gram is symmetric: ≈ N·P²/2 exps, each evaluated once, no
+``[N, P, P]`` temporary); with a scalar lengthscale and data patches that are not differentiated
+its gradients are a few scalars per image. Other base kernels use row blocks under
 ``jax.checkpoint`` (same memory bound, recomputation in the backward pass).
 """
 
