@@ -581,7 +581,9 @@ class ConvolutionalKernel(Kernel):
         K = self._patch_filter_cov(Z, X)  # [S, N, P, M]
         weights = self._patch_weights().astype(K.dtype)  # [S, P]
         scales = self._stream_scales().astype(K.dtype)  # [S]
-        per_stream = jnp.einsum("snpm,sp,s->smn", K, weights, scales)  # [S, M, N]
+        # a fused multiply-and-reduce: as an einsum (a matrix-vector product per image) XLA's CPU
+        # backend took 3-4x longer for MNIST sizes (benchmarks/gpflow_side_by_side.py)
+        per_stream = jnp.swapaxes(jnp.sum(K * (weights * scales[:, None])[:, None, :, None], axis=2), 1, 2)  # [S, M, N]
         if self.num_output_groups == 1:
             return jnp.sum(per_stream, axis=0, keepdims=True)  # [1, M, N]
         return per_stream  # [S, M, N]
