@@ -266,8 +266,10 @@ def main(argv=None) -> dict:
     names = list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]
     report = {}
     for name in names:
+        payload = run_experiment(name, args)
+        # read what is there only now: another run may have written since this one started
         previous = json.loads(args.out.read_text()).get("experiments", {}).get(name) if args.out.exists() else None
-        report = merge_results(args.out, name, combine(name, previous, run_experiment(name, args)))
+        report = merge_results(args.out, name, combine(name, previous, payload))
     return report
 
 

@@ -299,8 +299,10 @@ def main(argv=None) -> dict:
     names = list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]
     report = {}
     for name in names:
+        payload = EXPERIMENTS[name](args)
+        # read what is there only now: another run may have written since this one started
         previous = json.loads(args.out.read_text()).get("experiments", {}).get(name) if args.out.exists() else None
-        payload = combine(name, previous, EXPERIMENTS[name](args))
+        payload = combine(name, previous, payload)
         if name == "rotated" and args.figure:
             plot_alpha(payload["runs"], args.figure)
         report = merge_results(args.out, name, payload)
