@@ -35,6 +35,9 @@ TITLES = {
     "svgp_scaling": "SVGP step time against a hand-written JAX step (`benchmarks/svgp_scaling.py`)",
     "polya_gamma_throughput": "Pólya–Gamma sampler throughput (`benchmarks/polya_gamma_throughput.py`)",
     "invariance_toy": "Invariant GP on the symmetric toy function, seed 001 fig. 2 (`benchmarks/invariance_toy.py`)",
+    "gpflow_side_by_side": "gpzoo against GPflow 2.11, weighted conv SVGP (`benchmarks/gpflow_side_by_side.py`)",
+    "gpflow_side_by_side_mnist10_timing": "gpzoo against GPflow 2.11, MNIST-10 timing run (`benchmarks/gpflow_side_by_side.py`)",
+    "pg_natgrad": "Pólya–Gamma CAVI / natural gradients against Adam (`benchmarks/pg_natgrad.py`)",
 }
 FORMATTERS: dict[str, Callable[[dict], list[str]]] = {}
 
@@ -189,6 +192,29 @@ def _invariance_toy(report: dict) -> list[str]:
     rows = [[key, num(r["elbo"], 4), num(r["train_rmse"]), num(r["test_rmse"]), num(r["fit_seconds"])]
             for key, r in report["summary"].items()]
     return ["", provenance(report), ""] + table(["setting / model", "ELBO", "train RMSE", "test RMSE", "fit s"], rows)
+
+
+@formatter("gpflow_side_by_side")
+@formatter("gpflow_side_by_side_mnist10_timing")
+def _gpflow_side_by_side(report: dict) -> list[str]:
+    rows = []
+    for config, r in report["results"].items():
+        ours, ref = r.get("gpzoo", {}), r.get("gpflow", {})
+        ratio = ref.get("median_step_s") / ours["median_step_s"] if ours.get("median_step_s") and ref.get("median_step_s") else None
+        rows.append([config, num(r["setting"].get("steps")), num(ours.get("median_step_s")), num(ref.get("median_step_s")),
+                     num(ratio), pct(ours.get("test_error")), pct(ref.get("test_error"))])
+    return ["", f"Median seconds per Adam step over {report.get('timed', '?')} timed steps. {provenance(report)}", ""] + \
+        table(["config", "steps", "gpzoo s/step", "GPflow s/step", "GPflow / gpzoo", "gpzoo error", "GPflow error"], rows)
+
+
+@formatter("pg_natgrad")
+def _pg_natgrad(report: dict) -> list[str]:
+    rows = [[num(r["N"]), num(r["M"]), r["dtype"], num(r["cavi"].get("steps_to_target")), num(r["cavi"].get("seconds"))]
+            for r in report["results"]]
+    ratios = ", ".join(num(x) for x in report.get("speed_ratios", []))
+    return ["", f"CAVI wall time to within 1 nat of the PG-bound optimum; speed ratios vs tuned Adam: {ratios} "
+                f"(goal {num(report['goal_ratio'])}×: {yes_no(report['goal_met'])}). {provenance(report)}", ""] + \
+        table(["N", "M", "dtype", "CAVI steps to target", "CAVI s"], rows)
 
 
 def generic(report: dict) -> list[str]:
