@@ -20,8 +20,10 @@ datum (App. B.2.1). The weights w come from the orbit (:mod:`models.kernels.inva
 Likelihoods: the estimates are unbiased only for expressions *linear* in μ_n, μ_n², σ_n², so a
 sampled kernel is paired with
 
-* ``Gaussian``: E_q[log p(y_n|f_n)] = −½[log 2πs² + (y² − 2yμ + μ² + σ²)/s²] (eq. 15), computed
-  by the likelihood itself with mean μ̂ and "variance" μ̂² + σ̂² − μ̂² (which keeps it linear);
+* ``Gaussian`` (and ``OneHotGaussian``, one such term per class, for multi-class as in §5.2):
+  E_q[log p(y_n|f_n)] = −½[log 2πs² + (y² − 2yμ + μ² + σ²)/s²] (eq. 15), computed by the
+  likelihood itself with mean μ̂ and "variance" μ̂² + σ̂² − μ̂² (which keeps it linear); any
+  likelihood with ``linear_in_moments`` qualifies;
 * ``Bernoulli(link="logit")``: the Pólya–Gamma bound (eq. 22–23, :func:`pg_logistic_bound`) with
   q(ω_n) = PG(1, c_n). Every c_n gives a lower bound, and for fixed c the bound is linear in
   μ_n and E[f_n²], so its estimate stays unbiased as long as c does not depend on the orbit
@@ -63,7 +65,7 @@ from inference.polya_gamma import optimal_c, pg_logistic_bound
 from inference.svgp import SVGP, Parts
 from models.errors import InvalidArgumentError
 from models.kernels.invariant import InvariantKernel, pair_sum
-from models.likelihoods import Bernoulli, Gaussian
+from models.likelihoods import Bernoulli
 from models.parameters import hyper, pytree_dataclass
 
 __all__ = [
@@ -187,7 +189,7 @@ class InvariantSVGP(SVGP):
         key = _key(key)
         key_moments, key_c = jax.random.split(key)
         est = self.moment_estimates(parts, X, key_moments)
-        if isinstance(parts.likelihood, Gaussian):
+        if parts.likelihood.linear_in_moments:
             # (y − μ̂)² + (Ê[f²] − μ̂²) = y² − 2yμ̂ + Ê[f²]: linear in the estimates, hence unbiased
             return parts.likelihood.variational_expectation(y, est.mean, est.second_moment - est.mean**2)
         c = self.pg_tilt(parts, X, y, key_c)  # [N]
@@ -289,7 +291,7 @@ def _pg_c_options(spec) -> tuple[str, tuple[int, ...]]:
 
 
 def _is_gaussian_in_f(likelihood) -> bool:
-    return isinstance(likelihood, Gaussian) or (isinstance(likelihood, Bernoulli) and likelihood.link == "logit")
+    return likelihood.linear_in_moments or (isinstance(likelihood, Bernoulli) and likelihood.link == "logit")
 
 
 register_family("invariant-svgp", InvariantSVGP)

@@ -27,6 +27,8 @@ Gaussian       analytic                        analytic
 Bernoulli      Gauss–Hermite                   probit analytic, logit Gauss–Hermite
 Poisson        analytic (log-normal moment)    moments analytic, density Gauss–Hermite
 Softmax        reparameterised Monte Carlo     Monte Carlo
+OneHotGaussian analytic (C Gaussian terms)      analytic moments, P(f_c is the max)
+                                               by 1-D Gauss–Hermite
 RobustMax      analytic in P(f_y is the max),  same
                P by 1-D Gauss–Hermite
 =============  ==============================  ===================================
@@ -47,7 +49,7 @@ from numpyro.distributions import constraints
 from models.errors import DataError, HyperparameterError, InvalidArgumentError, as_float_array, is_concrete
 from models.parameters import Fixed, Parameterised, hyper, pytree_dataclass, static
 
-__all__ = ["Bernoulli", "Gaussian", "Likelihood", "Poisson", "RobustMax", "Softmax"]
+__all__ = ["Bernoulli", "Gaussian", "Likelihood", "OneHotGaussian", "Poisson", "RobustMax", "Softmax"]
 
 LOG_2PI = math.log(2.0 * math.pi)
 
@@ -62,6 +64,9 @@ class Likelihood(Parameterised):
     #: True when ``variational_expectation`` needs a PRNG key (Monte Carlo expectation).
     stochastic_expectation: ClassVar[bool] = False
     #: "regression" / "binary" / "multiclass" / "count": which analyses apply to predictions.
+    #: True when E_q[log p(y|f)] is linear in the moments E[f] and E[f²] (Gaussian likelihoods):
+    #: unbiased estimates of the moments then give an unbiased expectation (seed 001 eq. 15).
+    linear_in_moments: ClassVar[bool] = False
     task: ClassVar[str] = "regression"
 
     def num_latent(self, num_classes: int | None = None) -> int:
@@ -123,6 +128,34 @@ def _gauss_hermite_log_marginal(log_lik, mean, var, num_points: int):
     return logsumexp(log_lik(nodes) + log_w, axis=-1)  # [N]
 
 
+def _log_prob_is_max(labels, mean, var, num_points: int):
+    """log q(f_label > f_j for all j ≠ label) for independent q(f_j) = N(μ_j, σ_j²); ``[N]``.
+
+    labels [N], mean/var [N, C]. The 1-D integral ∫ N(x; μ_y, σ_y²) Π_{j≠y} Φ((x − μ_j) / σ_j) dx
+    by ``num_points``-point Gauss–Hermite, with the product summed in log space (``log_ndtr``).
+    """
+    onehot = jax.nn.one_hot(labels, mean.shape[-1], dtype=bool)  # [N, C]
+    mu_y = jnp.sum(jnp.where(onehot, mean, 0.0), axis=-1)  # [N]
+    var_y = jnp.sum(jnp.where(onehot, var, 0.0), axis=-1)  # [N]
+    nodes, log_w = _quadrature_points(mu_y, var_y, num_points)  # [N, Q], [Q]
+    z = (nodes[:, :, None] - mean[:, None, :]) / jnp.sqrt(var)[:, None, :]  # [N, Q, C]
+    log_cdf = jnp.where(onehot[:, None, :], 0.0, log_ndtr(z))  # the j = y factor is left out
+    return logsumexp(jnp.sum(log_cdf, axis=-1) + log_w, axis=-1)  # [N]
+
+
+def _log_prob_is_max_all(mean, var, num_points: int):
+    """log P_c, P_c = q(f_c is the max), for every class ``[N, C]``, renormalised to sum to one.
+
+    The classes' quadratures err independently, so Σ_c P_c = 1 holds only to the quadrature
+    error (~1e-3 at 20 points for well-separated means); dividing by the sum removes it.
+    """
+    num_data, num_classes = mean.shape
+    log_p = jax.vmap(
+        lambda c: _log_prob_is_max(jnp.full((num_data,), c), mean, var, num_points), out_axes=1
+    )(jnp.arange(num_classes))  # [N, C]
+    return log_p - logsumexp(log_p, axis=-1, keepdims=True)
+
+
 def _check_num_points(value, argument: str) -> None:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
         raise InvalidArgumentError(argument, f"must be a positive integer, got {value!r}")
@@ -161,6 +194,11 @@ def _check_classes(y, num_classes: int) -> np.ndarray:
 # --------------------------------------------------------------------------- Gaussian
 
 
+def _gaussian_expectation(y, mean, var, noise):
+    """E_N(f; μ, σ²)[log N(y; f, s²)] = −½ [log 2π s² + ((y − μ)² + σ²) / s²], elementwise."""
+    return -0.5 * (LOG_2PI + jnp.log(noise) + ((y - mean) ** 2 + var) / noise)
+
+
 @pytree_dataclass
 class Gaussian(Likelihood):
     """y = f + ε, ε ~ N(0, noise_variance). All expectations are analytic.
@@ -170,13 +208,12 @@ class Gaussian(Likelihood):
     """
 
     noise_variance: Any = hyper(1.0)
+    linear_in_moments: ClassVar[bool] = True
 
     @jax.jit
     def variational_expectation(self, y, mean, var, key=None):
         # y [N], mean/var [N, 1] -> [N]
-        noise = self.resolved().noise_variance
-        y, mu, v = jnp.asarray(y, mean.dtype), mean[:, 0], var[:, 0]
-        return -0.5 * (LOG_2PI + jnp.log(noise) + ((y - mu) ** 2 + v) / noise)
+        return _gaussian_expectation(jnp.asarray(y, mean.dtype), mean[:, 0], var[:, 0], self.resolved().noise_variance)
 
     @jax.jit
     def predict_mean_and_var(self, mean, var):
@@ -424,17 +461,6 @@ class RobustMax(_Categorical):
                 raise HyperparameterError("RobustMax.epsilon", f"must lie strictly inside (0, 1), got {raw}")
         super().__post_init__()
 
-    def _log_prob_is_max(self, labels, mean, var):
-        """log P(f_label > f_j for all j ≠ label) under q; labels [N], mean/var [N, C] -> [N]."""
-        num_classes = self.num_classes
-        onehot = jax.nn.one_hot(labels, num_classes, dtype=bool)  # [N, C]
-        mu_y = jnp.sum(jnp.where(onehot, mean, 0.0), axis=-1)  # [N]
-        var_y = jnp.sum(jnp.where(onehot, var, 0.0), axis=-1)  # [N]
-        nodes, log_w = _quadrature_points(mu_y, var_y, self.num_gauss_hermite)  # [N, Q], [Q]
-        z = (nodes[:, :, None] - mean[:, None, :]) / jnp.sqrt(var)[:, None, :]  # [N, Q, C]
-        log_cdf = jnp.where(onehot[:, None, :], 0.0, log_ndtr(z))  # the j = y factor is left out
-        return logsumexp(jnp.sum(log_cdf, axis=-1) + log_w, axis=-1)  # [N]
-
     def _hit_and_miss(self, dtype):
         """p(y=c|f) when c is the argmax (1 − ε) and when it is not (ε / (C − 1))."""
         eps = jnp.asarray(self.resolved().epsilon, dtype)
@@ -443,25 +469,13 @@ class RobustMax(_Categorical):
     @jax.jit
     def variational_expectation(self, y, mean, var, key=None):
         # y [N], mean/var [N, C] -> [N]
-        p_max = jnp.exp(self._log_prob_is_max(jnp.asarray(y).astype(jnp.int32), mean, var))  # [N]
+        p_max = jnp.exp(_log_prob_is_max(jnp.asarray(y).astype(jnp.int32), mean, var, self.num_gauss_hermite))  # [N]
         hit, miss = self._hit_and_miss(p_max.dtype)
         return p_max * jnp.log(hit) + (1.0 - p_max) * jnp.log(miss)
 
-    def _prob_is_max_all(self, mean, var):
-        """P_c = q(f_c is the max) for every class, ``[N, C]``, renormalised to sum to one.
-
-        The classes' quadratures err independently, so Σ_c P_c = 1 holds only to the quadrature
-        error (~1e-3 at 20 points for well-separated means); dividing by the sum removes it.
-        """
-        num_data = mean.shape[0]
-        p_max = jax.vmap(
-            lambda c: jnp.exp(self._log_prob_is_max(jnp.full((num_data,), c), mean, var)), out_axes=1
-        )(jnp.arange(self.num_classes))  # [N, C]
-        return p_max / jnp.sum(p_max, axis=-1, keepdims=True)
-
     @jax.jit
     def predict_probs(self, mean, var, key=None):
-        p_max = self._prob_is_max_all(mean, var)  # [N, C]
+        p_max = jnp.exp(_log_prob_is_max_all(mean, var, self.num_gauss_hermite))  # [N, C]
         hit, miss = self._hit_and_miss(p_max.dtype)
         return miss + p_max * (hit - miss)
 
@@ -470,3 +484,49 @@ class RobustMax(_Categorical):
         probs = self.predict_probs(mean, var)  # [N, C]
         labels = jnp.asarray(y).astype(jnp.int32)  # [N]
         return jnp.log(jnp.take_along_axis(probs, labels[:, None], axis=-1)[:, 0])  # miss > 0 keeps the log finite
+
+
+@pytree_dataclass
+class OneHotGaussian(_Categorical):
+    """C-class labels treated as regression on one-hot targets: C latent GPs, each with Gaussian noise.
+
+    The multi-class likelihood of seed 001 §5.2 ("for multi-class classification, we are
+    currently forced to use the Gaussian likelihood"): label y ↦ e_y ∈ {0, 1}^C and
+    p(e_y | f) = Π_c N(e_{y,c}; f_c, s²) with one shared noise variance s². So
+
+    * E_q[log p(y|f)] = Σ_c −½ [log 2π s² + ((e_{y,c} − μ_c)² + σ_c²) / s²], analytic and linear in
+      μ_c and E[f_c²] (so an invariant kernel's unbiased moment estimates give an unbiased bound);
+    * the predicted class is argmax_c μ_c, and ``predict_probs`` gives P_c = q(f_c is the max) over
+      the latent marginals (the 1-D Gauss–Hermite integral ``RobustMax`` uses), renormalised; the
+      held-out log density is log P_y, a proper score for the class decision the model makes;
+    * ``predict_mean_and_var`` gives the Gaussian predictive of the one-hot vector, (μ, σ² + s²).
+    """
+
+    num_classes: int = static()
+    noise_variance: Any = hyper(0.1)
+    num_gauss_hermite: int = static(20)
+    linear_in_moments: ClassVar[bool] = True
+
+    def __post_init__(self):
+        _check_num_points(self.num_gauss_hermite, "num_gauss_hermite")
+        super().__post_init__()
+
+    @jax.jit
+    def variational_expectation(self, y, mean, var, key=None):
+        # y [N], mean/var [N, C] -> [N]
+        onehot = jax.nn.one_hot(jnp.asarray(y).astype(jnp.int32), self.num_classes, dtype=mean.dtype)  # [N, C]
+        return jnp.sum(_gaussian_expectation(onehot, mean, var, self.resolved().noise_variance), axis=-1)
+
+    @jax.jit
+    def predict_mean_and_var(self, mean, var):
+        return mean, var + self.resolved().noise_variance
+
+    @jax.jit
+    def predict_probs(self, mean, var, key=None):
+        return jnp.exp(_log_prob_is_max_all(mean, var, self.num_gauss_hermite))  # [N, C]
+
+    @jax.jit
+    def predict_log_density(self, y, mean, var, key=None):
+        log_p = _log_prob_is_max_all(mean, var, self.num_gauss_hermite)  # [N, C]
+        labels = jnp.asarray(y).astype(jnp.int32)  # [N]
+        return jnp.take_along_axis(log_p, labels[:, None], axis=-1)[:, 0]

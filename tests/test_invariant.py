@@ -22,7 +22,7 @@ from models.kernels.invariant import (
     LocalDeformation,
     RotationAugmentation,
 )
-from models.likelihoods import Bernoulli, Gaussian, Poisson
+from models.likelihoods import Bernoulli, Gaussian, OneHotGaussian, Poisson
 from models.zoo import ModelSpec
 
 NUM_DRAWS = 4000
@@ -96,14 +96,14 @@ def _family(orbit, likelihood, whiten=True, q_structure="full", num_inducing=5, 
     spec = ModelSpec(name="t", kernel=kernel, likelihood=likelihood, num_inducing=num_inducing, inducing="invariant-points",
                      whiten=whiten, q_structure=q_structure, method="invariant-svgp")
     Z = BaseInducingPoints(jnp.asarray(_rng(5).uniform(size=(num_inducing, dim))))
-    return InvariantSVGP(spec, Z, 1)
+    return InvariantSVGP(spec, Z, likelihood.num_latent())
 
 
 def _random_q(family, seed=6):
     rng = _rng(seed)
-    M = family.inducing.num_inducing
-    q_sqrt = np.tril(rng.normal(size=(1, M, M))) * 0.3 + np.eye(M) * 0.5
-    return {"q_mu": jnp.asarray(rng.normal(size=(1, M))), "q_sqrt": jnp.asarray(q_sqrt)}
+    L, M = family.num_latent, family.inducing.num_inducing
+    q_sqrt = np.tril(rng.normal(size=(L, M, M))) * 0.3 + np.eye(M) * 0.5
+    return {"q_mu": jnp.asarray(rng.normal(size=(L, M))), "q_sqrt": jnp.asarray(q_sqrt)}
 
 
 def _ell(family, params, X, y, key):
@@ -129,9 +129,11 @@ def test_exact_orbit_estimates_equal_the_svgp_conditional(whiten):
 
 
 @pytest.mark.parametrize("likelihood,whiten", [(Gaussian(noise_variance=0.1), True), (Gaussian(noise_variance=0.1), False),
+                                               (OneHotGaussian(num_classes=3, noise_variance=0.1), True),
                                                (Bernoulli(link="logit"), True)])
 def test_subsampled_elbo_terms_average_to_the_exact_ones(likelihood, whiten):
-    """Eq. 15 (Gaussian) and the PG bound (eq. 23, at the c of an independent draw) are unbiased per datum."""
+    """Eq. 15 (Gaussian, and summed over one-hot classes) and the PG bound (eq. 23, at the c of an
+    independent draw) are unbiased per datum."""
     group = ImageSymmetries((3, 3))
     exact = _family(FiniteOrbit(group), likelihood, whiten=whiten)
     sampled = _family(FiniteOrbit(group, num_samples=4), likelihood, whiten=whiten)
@@ -139,7 +141,7 @@ def test_subsampled_elbo_terms_average_to_the_exact_ones(likelihood, whiten):
     y = jnp.asarray(_rng(9).normal(size=5) if isinstance(likelihood, Gaussian) else _rng(9).integers(0, 2, 5).astype(float))
     params = _random_q(exact)
     draws = jax.jit(jax.vmap(lambda k: _ell(sampled, params, X, y, k)))(jax.random.split(jax.random.PRNGKey(2), NUM_DRAWS))
-    if isinstance(likelihood, Gaussian):
+    if likelihood.linear_in_moments:
         _within_standard_errors(draws, _ell(exact, params, X, y, None))
     else:
         # the PG bound at the optimal c equals the Jaakkola–Jordan bound; at an estimated c it is lower

@@ -11,7 +11,8 @@ import pytest
 from scipy import integrate, special, stats
 
 from models.errors import DataError, HyperparameterError, InvalidArgumentError
-from models.likelihoods import Bernoulli, Gaussian, Likelihood, Poisson, RobustMax, Softmax
+from models.likelihoods import Bernoulli, Gaussian, Likelihood, OneHotGaussian, Poisson, RobustMax, Softmax
+from models.likelihoods import _log_prob_is_max, _log_prob_is_max_all
 from models.parameters import Fixed
 
 Z = 5.0  # tolerance in standard errors; the RNG is seeded, so the tests are deterministic
@@ -274,12 +275,12 @@ def test_robustmax_predictive_sums_to_one_where_the_quadrature_errs():
     """σ_0 ≪ σ_1: each class's 20-point rule errs by ~1e-2, the renormalised probabilities do not."""
     lik = RobustMax(num_classes=2, epsilon=0.05)
     mean, var = jnp.asarray([[2.0, 0.0]]), jnp.asarray([[0.1, 3.0]])
-    raw = jax.vmap(lambda c: jnp.exp(lik._log_prob_is_max(jnp.full(1, c), mean, var)))(jnp.arange(2))
+    raw = jax.vmap(lambda c: jnp.exp(_log_prob_is_max(jnp.full(1, c), mean, var, lik.num_gauss_hermite)))(jnp.arange(2))
     assert abs(float(raw.sum()) - 1.0) > 1e-3
     np.testing.assert_allclose(lik.predict_probs(mean, var).sum(-1), 1.0, atol=1e-12)
     # the renormalised probabilities are closer to the closed form than the raw ones
     closed_p1 = stats.norm.cdf((0.0 - 2.0) / np.sqrt(0.1 + 3.0))  # P(f_1 > f_0) exactly
-    p1 = float(lik._prob_is_max_all(mean, var)[0, 1])
+    p1 = float(np.exp(_log_prob_is_max_all(mean, var, lik.num_gauss_hermite))[0, 1])
     assert abs(p1 - closed_p1) < abs(float(raw[1, 0]) - closed_p1)
 
 
@@ -288,6 +289,45 @@ def test_robustmax_epsilon_is_fixed_by_default_and_trainable_when_a_number():
     assert jax.tree_util.tree_leaves(RobustMax(num_classes=3, epsilon=0.01).realise("lik"))  # a param site
     with pytest.raises(HyperparameterError):
         RobustMax(num_classes=3, epsilon=0.0)
+
+
+# --------------------------------------------------------------------------- OneHotGaussian
+
+
+def test_one_hot_gaussian_expectation_is_the_sum_of_per_class_gaussian_terms():
+    """E_q[log p(e_y|f)] = Σ_c Gaussian term with target 1[y = c] (seed 001 §5.2)."""
+    lik = OneHotGaussian(num_classes=3, noise_variance=0.3)
+    mean, var = jnp.asarray(CLASS_MEAN), jnp.asarray(CLASS_VAR)
+    ve = lik.variational_expectation(jnp.asarray(CLASS_Y), mean, var)
+    onehot = np.eye(3)[CLASS_Y]  # [N, C]
+    per_class = [Gaussian(noise_variance=0.3).variational_expectation(jnp.asarray(onehot[:, c]), mean[:, c:c + 1], var[:, c:c + 1])
+                 for c in range(3)]
+    np.testing.assert_allclose(ve, np.sum(per_class, axis=0), rtol=1e-12)
+    f = latent_draws(CLASS_MEAN, CLASS_VAR)  # [S, N, C]
+    log_lik = stats.norm.logpdf(onehot, f, np.sqrt(0.3)).sum(-1)  # [S, N]
+    assert_matches_mc(ve, log_lik)
+
+
+def test_one_hot_gaussian_class_probabilities_are_the_probability_of_the_argmax():
+    lik = OneHotGaussian(num_classes=3, noise_variance=0.3)
+    mean, var = jnp.asarray(CLASS_MEAN), jnp.asarray(ROBUST_VAR)
+    probs = lik.predict_probs(mean, var)  # [N, C]
+    np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-12)
+    winners = np.argmax(latent_draws(CLASS_MEAN, ROBUST_VAR), axis=-1)  # [S, N]
+    for c in range(3):
+        assert_matches_mc(probs[:, c], (winners == c).astype(float))
+    log_p = jax.vmap(lambda c: lik.predict_log_density(jnp.full(3, c), mean, var), out_axes=1)(jnp.arange(3))
+    np.testing.assert_allclose(np.exp(log_p), probs, rtol=1e-10)
+    m, v = lik.predict_mean_and_var(mean, var)  # Gaussian predictive of the one-hot vector
+    np.testing.assert_allclose(m, mean)
+    np.testing.assert_allclose(v, var + 0.3)
+
+
+def test_one_hot_gaussian_log_density_stays_finite_when_the_label_is_far_from_the_max():
+    lik = OneHotGaussian(num_classes=3)
+    mean, var = jnp.asarray([[40.0, -40.0, 0.0]]), jnp.asarray([[1e-3, 1e-3, 1e-3]])
+    log_p = lik.predict_log_density(jnp.asarray([1]), mean, var)
+    assert np.isfinite(log_p).all() and float(log_p[0]) < -100.0
 
 
 # --------------------------------------------------------------------------- contract
@@ -304,6 +344,7 @@ def all_likelihoods():
         (Poisson(binsize=2.0), jnp.asarray([0.0, 3.0, 7.0, 1.0]), mean1, var1),
         (Softmax(num_classes=3, num_mc_samples=50), jnp.asarray(CLASS_Y), cmean, cvar),
         (RobustMax(num_classes=3), jnp.asarray(CLASS_Y), cmean, cvar),
+        (OneHotGaussian(num_classes=3), jnp.asarray(CLASS_Y), cmean, cvar),
     ]
 
 
@@ -364,6 +405,7 @@ BAD_LABELS = [
     (Softmax(num_classes=3), [-1, 2]),
     (RobustMax(num_classes=3), [0.5, 1.0]),
     (RobustMax(num_classes=3), [0, 7]),
+    (OneHotGaussian(num_classes=3), [0, 1.5]),
     (Gaussian(), [0.0, np.nan]),
 ]
 

@@ -286,15 +286,10 @@ class RotationAugmentation(ImageAugmentation):
         return _apply_affine(matrix, jnp.zeros((self.num_samples, 2), dtype), _image_grid(self.image_shape, dtype))  # [S, 2, H, W]
 
 
-@pytree_dataclass
-class AffineAugmentation(ImageAugmentation):
-    """General 2-D affine augmentation with 6 free parameters (seed 001 §5 "Affine transformations").
-
-    φ = (a11, a12, a21, a22, t_right, t_up) ~ Uniform(``lower``, ``upper``); the output pixel at
-    Cartesian p (pixels about the centre) samples the input at (I + [[a11, a12], [a21, a22]]) p + t
-    (the sampling-grid parameterisation of spatial transformer networks, the seed's footnote 3),
-    so zero ranges give the identity. ``lower``/``upper`` are unconstrained and both trained.
-    """
+@dataclasses.dataclass(frozen=True, eq=False)
+class _UniformRangeAugmentation(ImageAugmentation):
+    """φ ~ Uniform(``lower``, ``upper``) over six transform parameters, both bounds unconstrained and
+    trained (seed 001 §5); subclasses map a batch of φ to sampling grids with ``grid_from``."""
 
     image_shape: tuple[int, int] = static()
     lower: Any = hyper((0.0,) * 6, constraint=constraints.real)
@@ -303,6 +298,23 @@ class AffineAugmentation(ImageAugmentation):
 
     def source_grid(self, key, dtype):
         phi = _uniform(key, self.lower, self.upper, self.num_samples).astype(dtype)  # [S, 6]
+        return self.grid_from(phi, dtype)  # [S, 2, H, W]
+
+    def grid_from(self, phi, dtype):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+@pytree_dataclass
+class AffineAugmentation(_UniformRangeAugmentation):
+    """General 2-D affine augmentation with 6 free parameters (seed 001 §5 "Affine transformations").
+
+    φ = (a11, a12, a21, a22, t_right, t_up) ~ Uniform(``lower``, ``upper``); the output pixel at
+    Cartesian p (pixels about the centre) samples the input at (I + [[a11, a12], [a21, a22]]) p + t
+    (the sampling-grid parameterisation of spatial transformer networks, the seed's footnote 3),
+    so zero ranges give the identity. ``lower``/``upper`` are unconstrained and both trained.
+    """
+
+    def grid_from(self, phi, dtype):
         matrix = jnp.eye(2, dtype=dtype) + phi[:, :4].reshape(-1, 2, 2)  # [S, 2, 2]
         return _apply_affine(matrix, phi[:, 4:], _image_grid(self.image_shape, dtype))  # [S, 2, H, W]
 
@@ -312,7 +324,7 @@ INTERPRETABLE_PARAMETERS = ("angle_deg", "log_scale_x", "log_scale_y", "shear", 
 
 
 @pytree_dataclass
-class InterpretableAffineAugmentation(ImageAugmentation):
+class InterpretableAffineAugmentation(_UniformRangeAugmentation):
     """Affine augmentation in interpretable coordinates (seed 001 §5): φ ~ Uniform(lower, upper) with
     φ = (angle° anticlockwise, log scale x, log scale y, shear, shift right, shift up in pixels).
 
@@ -321,13 +333,7 @@ class InterpretableAffineAugmentation(ImageAugmentation):
     equals ``np.rot90``.
     """
 
-    image_shape: tuple[int, int] = static()
-    lower: Any = hyper((0.0,) * 6, constraint=constraints.real)
-    upper: Any = hyper((0.0,) * 6, constraint=constraints.real)
-    num_samples: int = static(8)
-
-    def source_grid(self, key, dtype):
-        phi = _uniform(key, self.lower, self.upper, self.num_samples).astype(dtype)  # [S, 6]
+    def grid_from(self, phi, dtype):
         return _interpretable_grid(phi, self.image_shape, dtype)  # [S, 2, H, W]
 
 
