@@ -26,17 +26,16 @@ the data) say so under ``settings``; their numbers are not converged reproductio
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import math
-import os
-import platform
+import sys
 import time
 from pathlib import Path
 
 import jax
 import numpy as np
-import numpyro
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import machine_info, merge_results, now  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "reproduce_conv.json"
 SEED = 0
@@ -84,21 +83,6 @@ EXPERIMENTS = {
 
 
 # ----------------------------------------------------------------------------- shared helpers
-def machine_info() -> dict:
-    """Where the numbers came from: device, library versions, the machine's load."""
-    return {
-        "backend": jax.default_backend(),
-        "devices": [str(d) for d in jax.devices()],
-        "device_kind": jax.devices()[0].device_kind,
-        "jax": jax.__version__,
-        "numpyro": numpyro.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-    }
-
-
 def subsample(X, y, limit: int | None, seed: int):
     """The first ``limit`` rows of a fixed random permutation (all rows when ``limit`` is None)."""
     if limit is None or limit >= X.shape[0]:
@@ -139,22 +123,6 @@ def fit_and_score(spec, X_train, y_train, *, steps: int, batch_size: int, seed: 
         "jitter_events": len(res.diagnostics["jitter_events"]),
     }
     return record, res
-
-
-def merge_results(path: Path, key: str, payload: dict) -> dict:
-    """Write ``payload`` under ``experiments[key]`` of the JSON at ``path``, keeping the others."""
-    report = json.loads(path.read_text()) if path.exists() else {}
-    report.setdefault("experiments", {})[key] = payload
-    report["updated"] = payload["date"]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=2))
-    os.replace(tmp, path)
-    return report
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 # ----------------------------------------------------------------------------- experiments

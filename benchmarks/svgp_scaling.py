@@ -33,7 +33,6 @@ import dataclasses
 import json
 import math
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -52,6 +51,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import machine_info  # noqa: E402
 from inference.fit import build_family  # noqa: E402
 from inference.inducing import initialise_inducing  # noqa: E402
 from models import zoo  # noqa: E402
@@ -293,24 +294,6 @@ def _jitter(svi, state, Xb, yb, num_data):
     """The jitter gpzoo's Cholesky used at ``state`` (its ``jitter`` deterministic site)."""
     model = numpyro.handlers.substitute(numpyro.handlers.seed(svi.model, 0), data=svi.get_params(state))
     return numpyro.handlers.trace(model).get_trace(Xb, yb, num_data=num_data)["jitter"]["value"]
-
-
-def machine_info() -> dict:
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "processor": platform.processor() or platform.machine(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "numpyro": numpyro.__version__,
-        "optax": optax.__version__,
-        "backend": jax.default_backend(),
-        "devices": [str(d) for d in jax.devices()],
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "blas_pools": [{k: d[k] for k in ("internal_api", "num_threads", "version")} for d in threadpoolctl.threadpool_info()],
-        "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-    }
 
 
 # ----------------------------------------------------------------------------- report
