@@ -105,6 +105,9 @@ def _add_fit_options(parser, *, data_default):
                         help="test points, as --num-train (default %(default)s)")
     parser.add_argument("--num-draws", type=_positive_int, default=DEFAULTS["num_draws"],
                         help="posterior draws of u stored per model (default %(default)s)")
+    parser.add_argument("--likelihood", default=None,
+                        help="likelihood by name (gaussian, poisson, bernoulli-logit, bernoulli-probit, robustmax, softmax, "
+                             "one-hot-gaussian); default: the task's (gaussian, bernoulli-logit, robustmax)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -158,9 +161,22 @@ def _load_data(args):
     return ds, X_train, y_train, X_test, y_test
 
 
-def _build_spec(name: str, ds, num_inducing: int):
+def _likelihood(name: str | None, ds):
+    """The ``--likelihood`` for dataset ``ds`` (None: each model's default for the task)."""
+    from models import zoo  # noqa: PLC0415
+    from models.errors import InvalidArgumentError  # noqa: PLC0415
+
+    if name is None:
+        return None
+    try:
+        return zoo.likelihood_from_name(name, ds.task, ds.num_classes)
+    except InvalidArgumentError as exc:
+        raise UsageError(f"--likelihood: {exc}") from None
+
+
+def _build_spec(name: str, ds, num_inducing: int, likelihood=None):
     """zoo.get(name, ...) with the dataset's facts (input_dim, task, num_classes, image_shape,
-    num_inducing); a fact the builder does not take is dropped."""
+    num_inducing) and the likelihood when one is given; a fact the builder does not take is dropped."""
     from models import zoo  # noqa: PLC0415
     from models.errors import InvalidArgumentError  # noqa: PLC0415
 
@@ -168,13 +184,15 @@ def _build_spec(name: str, ds, num_inducing: int):
         raise UsageError(f"unknown model {name!r}; valid: {', '.join(zoo.names())}")
     options = {"input_dim": ds.num_features, "task": ds.task, "num_classes": ds.num_classes,
                "image_shape": ds.image_shape, "num_inducing": num_inducing}
+    if likelihood is not None:
+        options["likelihood"] = likelihood
     incompatible = f"model {name!r} needs image data but dataset {ds.name!r} is tabular (no image_shape)"
     while True:
         try:
             spec = zoo.get(name, **options)
             break
         except InvalidArgumentError as exc:
-            if exc.argument in options and "takes no option" in str(exc):
+            if exc.argument in options and exc.argument != "likelihood" and "takes no option" in str(exc):
                 del options[exc.argument]  # a builder that does not use this dataset fact
                 continue
             if ds.image_shape is None and exc.argument in ("image_shape", "patch_shape"):
@@ -199,7 +217,8 @@ def _fit_and_report(args, model_names: list[str], out) -> int:
     if unknown:
         raise UsageError(f"unknown model {unknown[0]!r}; valid: {', '.join(zoo.names())}")
     ds, X_train, y_train, X_test, y_test = _load_data(args)
-    specs = {name: _build_spec(name, ds, args.num_inducing) for name in model_names}  # all checked before fitting
+    likelihood = _likelihood(args.likelihood, ds)
+    specs = {name: _build_spec(name, ds, args.num_inducing, likelihood) for name in model_names}  # all checked before fitting
     check_writable(args.out)
     batch_size = min(args.batch_size, len(y_train))
     results = {}

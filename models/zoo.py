@@ -25,7 +25,8 @@ from models.errors import InvalidArgumentError
 from models.kernels import Kernel
 from models.likelihoods import Likelihood
 
-__all__ = ["Common", "ModelSpec", "UnknownModelError", "default_likelihood", "describe", "get", "names", "option_names", "register"]
+__all__ = ["LIKELIHOOD_NAMES", "Common", "ModelSpec", "UnknownModelError", "default_likelihood", "describe", "get", "likelihood_from_name",
+           "names", "option_names", "register"]
 
 
 class UnknownModelError(KeyError):
@@ -171,6 +172,36 @@ def default_likelihood(task: str = "regression", num_classes: int | None = None)
             raise InvalidArgumentError("num_classes", "multiclass models need the number of classes")
         return likelihoods.RobustMax(num_classes=num_classes)
     raise InvalidArgumentError("task", f"unknown task {task!r}; use 'regression', 'binary' or 'multiclass'")
+
+
+#: Likelihoods by name, with the task each serves (``likelihood_from_name``; the CLI's ``--likelihood``).
+LIKELIHOOD_NAMES = {
+    "gaussian": "regression", "poisson": "regression", "bernoulli-logit": "binary", "bernoulli-probit": "binary",
+    "robustmax": "multiclass", "softmax": "multiclass", "one-hot-gaussian": "multiclass",
+}
+
+
+def likelihood_from_name(name: str, task: str, num_classes: int | None = None) -> Likelihood:
+    """The likelihood called ``name`` (a key of :data:`LIKELIHOOD_NAMES`) for a ``task`` dataset."""
+    from models import likelihoods  # noqa: PLC0415
+
+    if name not in LIKELIHOOD_NAMES:
+        raise InvalidArgumentError("likelihood", f"unknown likelihood {name!r}; valid: {', '.join(LIKELIHOOD_NAMES)}")
+    if LIKELIHOOD_NAMES[name] != task:
+        valid = [n for n, t in LIKELIHOOD_NAMES.items() if t == task]
+        raise InvalidArgumentError("likelihood", f"{name!r} is a {LIKELIHOOD_NAMES[name]} likelihood but the task is {task}; "
+                                                 f"for {task}: {', '.join(valid)}")
+    if task == "multiclass" and not num_classes:
+        raise InvalidArgumentError("num_classes", "multiclass likelihoods need the number of classes")
+    return {
+        "gaussian": lambda: likelihoods.Gaussian(noise_variance=0.1),
+        "poisson": likelihoods.Poisson,
+        "bernoulli-logit": lambda: likelihoods.Bernoulli(link="logit"),
+        "bernoulli-probit": lambda: likelihoods.Bernoulli(link="probit"),
+        "robustmax": lambda: likelihoods.RobustMax(num_classes=num_classes),
+        "softmax": lambda: likelihoods.Softmax(num_classes=num_classes),
+        "one-hot-gaussian": lambda: likelihoods.OneHotGaussian(num_classes=num_classes),
+    }[name]()
 
 
 # ----------------------------------------------------------------------------- built-in models

@@ -140,3 +140,25 @@ def test_console_script_entry_point(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("gpzoo: error: unknown model 'nope'")
+
+
+def test_likelihood_option_sets_every_model_likelihood(tmp_path, capsys):
+    """`--likelihood one-hot-gaussian` on a 10-class dataset fits and reports with that likelihood."""
+    out = tmp_path / "digits"
+    code, _, err = _run(["compare", "--data", "digits-8x8", "--models", "svgp-rbf", "--likelihood", "one-hot-gaussian",
+                         "--out", str(out), *TINY], capsys)
+    assert code == 0, err
+    from analysis.report import read_datatree  # noqa: PLC0415
+
+    tree = read_datatree(out / "models" / "svgp-rbf.nc")
+    assert tree.attrs["likelihood"] == "OneHotGaussian"
+    assert tree["posterior_predictive"]["y"].shape[-1] == 30  # class labels of the 30 test digits
+
+
+def test_likelihood_option_refuses_names_and_tasks_that_do_not_fit(tmp_path, capsys):
+    line = _error(["compare", "--data", "digits-8x8", "--models", "svgp-rbf", "--likelihood", "gaussian", "--out", str(tmp_path)],
+                  capsys, 2)
+    assert "--likelihood" in line and "regression" in line and "one-hot-gaussian" in line
+    line = _error(["compare", "--data", "two-moons", "--likelihood", "nope", "--out", str(tmp_path)], capsys, 2)
+    assert "'nope'" in line and "bernoulli-logit" in line
+    assert not any(tmp_path.iterdir())

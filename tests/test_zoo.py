@@ -63,3 +63,15 @@ def test_invariant_models_pass_the_pg_tilt_choice_to_the_family():
     with pytest.raises(InvalidArgumentError) as info:  # a Gaussian likelihood has no PG bound to tilt
         fit(zoo.get("invariant-rot", task="regression", pg_c="recognition", **rect), X, X[:, 0], steps=1, progress=False)
     assert info.value.argument == "pg_c"
+
+
+@pytest.mark.parametrize("name", sorted(zoo.LIKELIHOOD_NAMES))
+def test_likelihoods_by_name_serve_their_task(name):
+    task = zoo.LIKELIHOOD_NAMES[name]
+    lik = zoo.likelihood_from_name(name, task, num_classes=4 if task == "multiclass" else None)
+    assert lik.task == ("binary" if name.startswith("bernoulli") else "count" if name == "poisson" else task)
+    assert lik.num_latent(4 if task == "multiclass" else None) == (4 if task == "multiclass" else 1)
+    other = "regression" if task != "regression" else "binary"
+    with pytest.raises(InvalidArgumentError) as info:
+        zoo.likelihood_from_name(name, other, num_classes=4)
+    assert info.value.argument == "likelihood"
