@@ -193,10 +193,19 @@ def with_goal(name: str, payload: dict) -> dict:
 
 
 def combine(name: str, old: dict | None, new: dict) -> dict:
-    """Keep the models of an earlier run of ``name`` that this one did not redo, if the settings match."""
-    if old and old.get("settings") == new["settings"]:
+    """Keep the models of an earlier run of ``name`` that this one did not redo, if the settings match.
+
+    Steps may differ between models (each record keeps its own ``steps``); the merged run is
+    marked reduced when any of its models is.
+    """
+    def same(settings):
+        return {k: v for k, v in settings.items() if k not in ("steps", "reduced")}
+
+    if old and same(old.get("settings", {})) == same(new["settings"]):
         new["models"] = {**old["models"], **new["models"]}
         new["models"] = {m: new["models"][m] for m in EXPERIMENTS[name]["models"] if m in new["models"]}
+        s = new["settings"]
+        s["reduced"] = bool(s["reduced"] or any(r["steps"] < s["paper_steps"] for r in new["models"].values()))
         new = with_goal(name, new)
     return new
 

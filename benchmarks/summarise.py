@@ -105,19 +105,21 @@ def _reproduce_conv(report: dict) -> list[str]:
     for name in sorted(experiments, key=lambda n: (CONV_ORDER.index(n) if n in CONV_ORDER else len(CONV_ORDER), n)):
         exp = experiments[name]
         s = exp["settings"]
-        reduced = " **Reduced run** (fewer steps or images than the paper's; not converged)." if s.get("reduced") else ""
+        reduced = (" **Reduced run** (fewer steps than the script's full-run default, which the paper does not state, or fewer images;"
+                   " not converged).") if s.get("reduced") else ""
         lines += ["", f"**{name}** — {s['dataset']}, {s['num_train']:,} train / {s['num_test']:,} test images, "
-                      f"{s['patch_shape'][0]}×{s['patch_shape'][1]} patches, Adam {s['learning_rate']}, batch {s['batch_size']}, "
-                      f"{s['steps']:,} steps.{reduced} {provenance(exp)}", ""]
+                      f"{s['patch_shape'][0]}×{s['patch_shape'][1]} patches, Adam {s['learning_rate']}, batch {s['batch_size']}."
+                      f"{reduced} {provenance(exp)}", ""]
         rows = []
         for model, r in exp["models"].items():
             paper = r.get("paper", {})
             paper_m = f" (M={paper['num_inducing']:,})" if "num_inducing" in paper else ""
             goal = r.get("goal")
-            rows.append([f"`{model}`", num(r["num_inducing"]), pct(r["test_error"]), pct(paper.get("error")) + paper_m,
+            rows.append([f"`{model}`", num(r["num_inducing"]), num(r.get("steps", s["steps"])), pct(r["test_error"]),
+                         pct(paper.get("error")) + paper_m,
                          num(r["test_nlpp"]), num(paper.get("nlpp")), f"{num(r['elbo'], 5)} ± {num(r['elbo_stderr'])}",
                          num(r["s_per_step"]), f"{goal['text']}: {yes_no(goal['met'])}" if goal else "—", r.get("device", "?")])
-        lines += table(["model", "M", "error", "paper error", "NLPP", "paper NLPP", "ELBO ± s.e.", "s/step", "goal met",
+        lines += table(["model", "M", "steps", "error", "paper error", "NLPP", "paper NLPP", "ELBO ± s.e.", "s/step", "goal met",
                         "device"], rows)
         if "goal" in exp:
             lines += ["", f"Goal ({exp['goal']['text']}): {yes_no(exp['goal']['met'])}."]
