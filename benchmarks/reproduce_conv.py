@@ -161,6 +161,8 @@ def run_experiment(name: str, args) -> dict:
             text, threshold = options["goal"]
             record["goal"] = {"text": text, "met": bool(record["test_error"] <= threshold)}
         record["device"] = jax.devices()[0].device_kind
+        if model in ("conv", "weighted-conv") and name == "rectangles":
+            record["figure"] = save_inducing_patches(res, args.out.parent / f"{name}_{model}_inducing_patches.png")
         results[model] = record
         print(f"    error {record['test_error']:.4f}  nlpp {record['test_nlpp']:.4f}  elbo {record['elbo']:.2f} "
               f"± {record['elbo_stderr']:.2f}  {record['s_per_step']:.3f} s/step", flush=True)
@@ -180,6 +182,15 @@ def run_experiment(name: str, args) -> dict:
         "models": results,
     }
     return with_goal(name, payload)
+
+
+def save_inducing_patches(res, path: Path) -> str:
+    """The learned inducing patches sorted by their inducing output (seed 000 fig. 1a), as a PNG."""
+    from analysis.figures import inducing_patches_figure  # noqa: PLC0415
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    inducing_patches_figure(res).savefig(path, dpi=100)
+    return path.name
 
 
 def with_goal(name: str, payload: dict) -> dict:

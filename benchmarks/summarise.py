@@ -123,6 +123,9 @@ def _reproduce_conv(report: dict) -> list[str]:
                         "device"], rows)
         if "goal" in exp:
             lines += ["", f"Goal ({exp['goal']['text']}): {yes_no(exp['goal']['met'])}."]
+        figures = [f"`benchmarks/results/{r['figure']}` (`{m}`)" for m, r in exp["models"].items() if r.get("figure")]
+        if figures:
+            lines += ["", "Learned inducing patches sorted by their inducing output (seed 000 fig. 1a): " + ", ".join(figures) + "."]
     return lines + (["", STEP_NOTE] if lines else [])
 
 
