@@ -8,22 +8,35 @@ hyperparameters held fixed so the optimum of the PG bound (seed 001 eq. 23,
 smoother (1, 1). The optimum L* is computed first by full-batch CAVI run to convergence (bound
 change < 1e-6 nats).
 
-Timed, both from the prior q(v) = N(0, I), full batch, float64, compile excluded:
+Timed, all from the prior q(v) = N(0, I), full batch, float64, compile excluded, each a
+jit-compiled ``lax.scan`` over its steps (one dispatch):
 
-(a) ``natural_step`` with ρ = 1 (CAVI: closed-form c, then the optimal q(u); Wenzel et al. 2019);
-(b) optax Adam on the same bound over (q_mu, unconstrained q_sqrt) with c at its closed-form
-    optimum (profiled out: a stronger baseline than also learning c), for each learning rate of
-    a small grid; the fastest is reported.
+(a) ``cavi``: CAVI, i.e. :func:`inference.pg_natgrad.natural_update` with ρ = 1 (closed-form c,
+    then the optimal q(u); Wenzel et al. 2019) on features (Luu, A = Luu⁻¹Kuf, prior conditional
+    variances) computed once at the start of the program — what ``fit_pg_natgrad`` runs when the
+    hyperparameters are fixed;
+(b) ``adam``: optax Adam on the same bound over (q_mu, unconstrained q_sqrt) with c at its
+    closed-form optimum (profiled out: a stronger baseline than also learning c), on the same
+    features computed once, for each learning rate of a grid; the fastest to the target is timed.
+    Per step it does the same kind of work as (a): two [M, N] products;
+(c) ``adam_recomputing``: (b) at its best learning rate, but recomputing the features every step
+    (Kuu, its Cholesky, Kuf and the solve), as an SVI step that also trains hyperparameters must;
+(d) ``cavi_recomputing``: (a) recomputing the features every step (:func:`natural_step`), the
+    previous form of the CAVI step.
 
-What decides the ratio: a CAVI step costs about one Adam step (both O(M²N)), so the ratio is the
-ratio of step counts. CAVI converges linearly, and slowly when the data are nearly separable under
-the kernel (large variance: the tilts c_n and q(u) are strongly coupled), so the ratio falls as σ²
+The headline ``speed_ratio`` is the faster Adam, min((b), (c)), over (a); the other ratios are
+recorded too. Since (a) and (b) cost about the same per step, the ratio is mostly the ratio of
+step counts: CAVI converges linearly, and slowly when the data are nearly separable under the
+kernel (large variance: the tilts c_n and q(u) are strongly coupled), so the ratio falls as σ²
 grows; the results file records it for each setting rather than one number.
 
-For each, the number of steps K to reach L* − 1 nat is read off one recorded run; then a
+For each program the number of steps K to reach L* − 1 nat is read off one recorded run (Adam's
+trajectory is the same with cached or recomputed features, so (c) runs (b)'s K); then a
 jit-compiled ``lax.scan`` of exactly K steps is timed (median of ``--repeats`` calls after
-warm-up; the two programs alternate). OpenBLAS is pinned to one thread (``--blas-threads``), as in
-``svgp_scaling.py``. Writes ``benchmarks/results/pg_natgrad.json``.
+warm-up; the programs take turns, the first one rotating every repeat). OpenBLAS is pinned to one
+thread (``--blas-threads``), as in ``svgp_scaling.py``. Results merge into
+``benchmarks/results/pg_natgrad.json`` setting by setting (N, M, dtype, ℓ, σ²), each with the
+machine load and date of its run; this machine is shared, so read timings next to the load.
 
     python benchmarks/pg_natgrad.py [--N 3000] [--M 48] [--out PATH]
 """
@@ -34,7 +47,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -42,18 +54,19 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpyro
 import optax
 import threadpoolctl
 from numpyro.distributions import biject_to, constraints
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(ROOT))
+for path in (ROOT, ROOT / "benchmarks"):  # run as a script from anywhere
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
+from _common import machine_info, now, write_json  # noqa: E402
 from analysis import datasets  # noqa: E402
 from inference.inducing import initialise_inducing  # noqa: E402
-from inference.pg_natgrad import natural_step, pg_bound  # noqa: E402
+from inference.pg_natgrad import features_bound, natural_step, natural_update, pg_bound, pg_features  # noqa: E402
 from inference.svgp import SVGP  # noqa: E402
 from models import zoo  # noqa: E402
 
@@ -64,6 +77,7 @@ GOAL_RATIO = 10.0  # issue 5: PG natural gradients ≥ 10× faster than Adam to 
 LEARNING_RATES = (0.01, 0.03, 0.1, 0.3, 1.0)
 HYPERPARAMETERS = ((0.5, 4.0), (1.0, 1.0))  # fixed (lengthscale, variance) settings
 WARMUP_CALLS = 2
+SETTING_KEYS = ("N", "M", "dtype", "lengthscale", "variance")  # a result replaces an earlier one with these equal
 
 
 # ----------------------------------------------------------------------------- problem
@@ -84,13 +98,21 @@ def prior_q(M: int):
 
 
 # ----------------------------------------------------------------------------- programs
-def cavi_program(family, fixed, X, y):
-    """scan of K CAVI steps from q: carries (q_mu, q_sqrt), emits the bound before each step."""
-    N = X.shape[0]
+def cavi_program(family, fixed, X, y, recompute: bool = False):
+    """scan of K CAVI steps from q: carries (q_mu, q_sqrt), emits the bound before each step.
+
+    The features are computed once at the start of the program, or every step with ``recompute``.
+    """
+    N, whiten = X.shape[0], family.spec.whiten
 
     def run(q, num_steps):
+        features = None if recompute else pg_features(family, fixed, X)
+
         def body(q, _):
-            q_mu, q_sqrt, bound = natural_step(family, {**fixed, "q_mu": q[0], "q_sqrt": q[1]}, X, y, N, 1.0)
+            if recompute:
+                q_mu, q_sqrt, bound = natural_step(family, {**fixed, "q_mu": q[0], "q_sqrt": q[1]}, X, y, N, 1.0)
+            else:
+                q_mu, q_sqrt, bound = natural_update(features, y, q[0], q[1], scale=1.0, rho=1.0, whiten=whiten)
             return (q_mu, q_sqrt), bound
 
         return jax.lax.scan(body, q, None, length=num_steps)
@@ -98,22 +120,31 @@ def cavi_program(family, fixed, X, y):
     return run
 
 
-def adam_program(family, fixed, X, y, learning_rate: float):
-    """scan of K Adam steps on −bound over (q_mu, raw q_sqrt), c profiled; emits the bound before each step."""
+def adam_program(family, fixed, X, y, learning_rate: float, recompute: bool = False):
+    """scan of K Adam steps on −bound over (q_mu, raw q_sqrt), c profiled; emits the bound before each step.
+
+    The features are computed once at the start of the program, or every step with ``recompute``.
+    """
     to_sqrt = biject_to(constraints.lower_cholesky)
     optimizer = optax.adam(learning_rate)
+    whiten = family.spec.whiten
 
-    def loss(raw):
-        return -pg_bound(family, {**fixed, "q_mu": raw["q_mu"], "q_sqrt": to_sqrt(raw["q_sqrt"])}, X, y)
+    def loss(raw, features):
+        q_mu, q_sqrt = raw["q_mu"], to_sqrt(raw["q_sqrt"])
+        if recompute:
+            return -pg_bound(family, {**fixed, "q_mu": q_mu, "q_sqrt": q_sqrt}, X, y)
+        return -features_bound(features, y, q_mu, q_sqrt, whiten=whiten)
 
     def init(q):
         raw = {"q_mu": q[0], "q_sqrt": to_sqrt.inv(q[1])}
         return raw, optimizer.init(raw)
 
     def run(state, num_steps):
+        features = None if recompute else pg_features(family, fixed, X)
+
         def body(state, _):
             raw, opt_state = state
-            value, grad = jax.value_and_grad(loss)(raw)
+            value, grad = jax.value_and_grad(loss)(raw, features)
             updates, opt_state = optimizer.update(grad, opt_state, raw)
             return (optax.apply_updates(raw, updates), opt_state), -value
 
@@ -128,8 +159,8 @@ def steps_to_target(bounds: np.ndarray, target: float) -> int | None:
     return int(hits[0]) if hits.size else None
 
 
-def time_scan(run, state, num_steps: int, repeats: int):
-    """(compile seconds, per-call seconds) of a jitted scan of exactly ``num_steps`` steps."""
+def time_scan(run, state, num_steps: int):
+    """(compile seconds, a function timing one call) of a jitted scan of exactly ``num_steps`` steps."""
     t0 = time.perf_counter()
     compiled = jax.jit(lambda s: run(s, num_steps)).lower(state).compile()
     compile_s = time.perf_counter() - t0
@@ -144,11 +175,17 @@ def time_scan(run, state, num_steps: int, repeats: int):
     return compile_s, call
 
 
+def timed(times: list, steps: int, compile_s: float) -> dict:
+    seconds = float(np.median(times))
+    return {"steps": steps, "seconds": seconds, "seconds_per_step": seconds / steps, "repeats_s": times, "compile_s": compile_s}
+
+
 # ----------------------------------------------------------------------------- benchmark
 def run_benchmark(N: int, M: int, lengthscale: float, variance: float, max_cavi_steps: int, max_adam_steps: int,
                   learning_rates, repeats: int) -> dict:
     family, fixed, X, y = problem(N, M, lengthscale, variance)
     q0 = prior_q(M)
+    load_start = list(os.getloadavg())
 
     # the optimum: CAVI to convergence (bounds[t] = value after t sweeps)
     cavi = jax.jit(cavi_program(family, fixed, X, y), static_argnums=1)
@@ -159,7 +196,7 @@ def run_benchmark(N: int, M: int, lengthscale: float, variance: float, max_cavi_
     target = optimum - TARGET_GAP
     cavi_steps = steps_to_target(cavi_bounds, target)
 
-    # Adam: one recorded run per learning rate
+    # Adam: one recorded run per learning rate (features computed once; the trajectory does not depend on it)
     adam_runs = {}
     for lr in learning_rates:
         run, init = adam_program(family, fixed, X, y, lr)
@@ -171,45 +208,55 @@ def run_benchmark(N: int, M: int, lengthscale: float, variance: float, max_cavi_
     reached = [r for r in adam_runs.values() if r["steps_to_target"] is not None and r["finite"]]
     best = min(reached, key=lambda r: r["steps_to_target"]) if reached else None
 
-    # timing: scans of exactly the steps each needs, alternating
-    cavi_compile, cavi_call = time_scan(cavi_program(family, fixed, X, y), q0, cavi_steps, repeats)
+    # timing: scans of exactly the steps each needs, taking turns
+    programs = {"cavi": (cavi_program(family, fixed, X, y), q0, cavi_steps),
+                "cavi_recomputing": (cavi_program(family, fixed, X, y, recompute=True), q0, cavi_steps)}
     if best is not None:
-        run, init = adam_program(family, fixed, X, y, best["learning_rate"])
-        adam_compile, adam_call = time_scan(run, init(q0), best["steps_to_target"], repeats)
-    cavi_times, adam_times = [], []
+        for name, recompute in (("adam", False), ("adam_recomputing", True)):
+            run, init = adam_program(family, fixed, X, y, best["learning_rate"], recompute=recompute)
+            programs[name] = (run, init(q0), best["steps_to_target"])
+    calls = {name: time_scan(run, state, steps) for name, (run, state, steps) in programs.items()}
+    times = {name: [] for name in programs}
+    names = list(programs)
     for r in range(repeats):
-        order = [(cavi_times, cavi_call)] + ([(adam_times, adam_call)] if best is not None else [])
-        for times, call in order if r % 2 == 0 else order[::-1]:
-            times.append(call())
-    cavi_s = float(np.median(cavi_times))
-    adam_s = float(np.median(adam_times)) if best is not None else None
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            times[name].append(calls[name][1]())
+    out = {name: timed(times[name], programs[name][2], calls[name][0]) for name in programs}
+    out["cavi"]["bounds"] = cavi_bounds[: max(cavi_steps, 1) + 5].tolist()
+    ratios = {}
+    if best is not None:
+        out["adam"]["learning_rate"] = best["learning_rate"]
+        fastest_adam = min(out["adam"]["seconds"], out["adam_recomputing"]["seconds"])
+        ratios = {"speed_ratio": fastest_adam / out["cavi"]["seconds"],
+                  "speed_ratio_vs_adam_cached": out["adam"]["seconds"] / out["cavi"]["seconds"],
+                  "speed_ratio_vs_adam_recomputing": out["adam_recomputing"]["seconds"] / out["cavi"]["seconds"],
+                  "step_ratio": best["steps_to_target"] / cavi_steps}
     return {
         "N": N, "M": M, "dtype": "float64", "lengthscale": lengthscale, "variance": variance,
+        "date": now(), "load_average_start": load_start,
+        "load_average_end": list(os.getloadavg()),
         "optimum_bound": optimum, "optimum_converged": converged, "target_gap_nats": TARGET_GAP,
-        "cavi": {"steps_to_target": cavi_steps, "seconds": cavi_s, "seconds_per_step": cavi_s / cavi_steps,
-                 "repeats_s": cavi_times, "compile_s": cavi_compile, "bounds": cavi_bounds[: max(cavi_steps, 1) + 5].tolist()},
-        "adam": None if best is None else {
-            "learning_rate": best["learning_rate"], "steps_to_target": best["steps_to_target"], "seconds": adam_s,
-            "seconds_per_step": adam_s / best["steps_to_target"], "repeats_s": adam_times, "compile_s": adam_compile},
+        "cavi": {"steps_to_target": cavi_steps, **out["cavi"]},
+        "cavi_recomputing": out["cavi_recomputing"],
+        "adam": None if best is None else {"steps_to_target": best["steps_to_target"], **out["adam"]},
+        "adam_recomputing": None if best is None else out["adam_recomputing"],
         "adam_grid": list(adam_runs.values()),
         "max_adam_steps": max_adam_steps,
-        "speed_ratio": None if best is None else adam_s / cavi_s,
+        "speed_ratio": ratios.get("speed_ratio"),
+        **{k: v for k, v in ratios.items() if k != "speed_ratio"},
     }
 
 
-def machine_info() -> dict:
-    return {
-        "cpu_count": os.cpu_count(),
-        "processor": platform.processor() or platform.machine(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "numpyro": numpyro.__version__,
-        "optax": optax.__version__,
-        "backend": jax.default_backend(),
-        "blas_pools": [{k: d[k] for k in ("internal_api", "num_threads", "version")} for d in threadpoolctl.threadpool_info()],
-        "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-    }
+def merge(out: Path, results: list[dict], header: dict) -> dict:
+    """The report at ``out`` with ``results`` replacing those of the same setting (read just before writing)."""
+    previous = json.loads(out.read_text()).get("results", []) if out.exists() else []
+    key = lambda r: tuple(r.get(k) for k in SETTING_KEYS)  # noqa: E731
+    new_keys = {key(r) for r in results}
+    merged = [r for r in previous if key(r) not in new_keys and "date" in r] + results  # undated: an older protocol
+    merged.sort(key=lambda r: (r["N"], r["M"], -r["variance"], r["lengthscale"]))
+    ratios = [r["speed_ratio"] for r in merged]
+    return {**header, "speed_ratios": ratios,
+            "goal_met": all(r is not None and r >= GOAL_RATIO for r in ratios), "results": merged}
 
 
 def parse_args(argv=None):
@@ -246,25 +293,26 @@ def main(argv=None) -> dict:
                 summary(results[-1])
     finally:
         jax.config.update("jax_enable_x64", x64_before)
-    machine["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    report = {
+    machine["load_average_end"] = list(os.getloadavg())
+    header = {
         "benchmark": "pg_natgrad",
         "description": "wall time from the prior q(u) to within 1 nat of the optimum of the Pólya–Gamma bound of a "
                        "logistic SVGP (two-moons, fixed hyperparameters and Z): full-batch CAVI / natural gradient "
-                       "(rho=1) against optax Adam on the same bound (c profiled), best learning rate of a grid",
+                       "(rho=1, features computed once) against optax Adam on the same bound (c profiled), best "
+                       "learning rate of a grid, with the features computed once or every step; the ratio is over "
+                       "the faster Adam",
+        "date": now(),
         "machine": machine,
         "protocol": {"repeats": args.repeats, "warmup_calls": WARMUP_CALLS, "statistic": "median", "compile_excluded": True,
                      "blas_threads": args.blas_threads or "default", "learning_rates": list(args.learning_rates),
-                     "order": "CAVI and Adam alternate, first one swapping every repeat",
-                     "steps": "each program runs exactly the number of steps it needs to reach the target"},
+                     "order": "the programs take turns, the first one rotating every repeat",
+                     "steps": "each program runs exactly the number of steps it needs to reach the target",
+                     "dispatch": "each program is one jit-compiled lax.scan over its steps"},
         "goal_ratio": GOAL_RATIO,
-        "speed_ratios": [r["speed_ratio"] for r in results],
-        "goal_met": all(r["speed_ratio"] is not None and r["speed_ratio"] >= GOAL_RATIO for r in results),
         "wall_s": time.perf_counter() - t0,
-        "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    report = merge(args.out, results, header)
+    write_json(args.out, report)
     print(f"speed ratios {report['speed_ratios']} (goal {GOAL_RATIO}x); wrote {args.out}")
     return report
 
@@ -272,13 +320,14 @@ def main(argv=None) -> dict:
 def summary(r: dict) -> None:
     c, a = r["cavi"], r["adam"]
     print(f"N={r['N']} M={r['M']} lengthscale={r['lengthscale']} variance={r['variance']}: "
-          f"optimum {r['optimum_bound']:.3f} (converged {r['optimum_converged']})")
-    print(f"  CAVI: {c['steps_to_target']} steps, {1e3 * c['seconds']:.2f} ms")
+          f"optimum {r['optimum_bound']:.3f} (converged {r['optimum_converged']}); load {r['load_average_start']}")
+    print(f"  CAVI: {c['steps_to_target']} steps, {1e3 * c['seconds']:.2f} ms "
+          f"(recomputing the features every step: {1e3 * r['cavi_recomputing']['seconds']:.2f} ms)")
     if a is None:
         print(f"  Adam: did not reach the target within {r['max_adam_steps']} steps at any learning rate")
     else:
-        print(f"  Adam (lr {a['learning_rate']}): {a['steps_to_target']} steps, {1e3 * a['seconds']:.2f} ms; "
-              f"ratio {r['speed_ratio']:.1f}x", flush=True)
+        print(f"  Adam (lr {a['learning_rate']}): {a['steps_to_target']} steps, {1e3 * a['seconds']:.2f} ms "
+              f"(recomputing: {1e3 * r['adam_recomputing']['seconds']:.2f} ms); ratio {r['speed_ratio']:.1f}x", flush=True)
 
 
 if __name__ == "__main__":

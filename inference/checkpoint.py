@@ -7,16 +7,21 @@ Layout of a checkpoint directory::
     state.npz        the optimiser state and PRNG key as an ordered list of leaves
     history.npz      ELBO and learning-rate traces up to ``step``
 
-Every file is written to a temporary name and renamed, and ``config.json`` is renamed last, so
-an interrupted write leaves the previous checkpoint intact. ``np.load(..., allow_pickle=False)``
+Every file is written to a temporary name and renamed, ``config.json`` last, and a Ctrl-C
+(SIGINT) that arrives during a write is held until all four files are in place, then raised. Each
+``.npz`` also records the step it belongs to, so a set left mixed by a harder stop (a killed
+process) is detected on loading rather than resumed from. ``np.load(..., allow_pickle=False)``
 refuses anything that would execute code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import tempfile
+import threading
 import zipfile
 from pathlib import Path
 
@@ -26,6 +31,9 @@ import numpy as np
 from models.errors import CheckpointError
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
+
+#: Key under which every ``.npz`` of a checkpoint stores its step (checked against ``config.json``).
+STEP_KEY = "checkpoint_step"
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -42,8 +50,30 @@ def _atomic_write(path: Path, write) -> None:
         raise
 
 
+@contextlib.contextmanager
+def _sigint_deferred():
+    """Hold a SIGINT that arrives inside the block and deliver it to the previous handler on exit.
+
+    Signal handlers can only be set from the main thread; elsewhere the block runs unprotected.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            if callable(previous):
+                previous(signal.SIGINT, received[0])  # the default handler raises KeyboardInterrupt
+            elif previous != signal.SIG_IGN:
+                raise KeyboardInterrupt
+
+
 def save_checkpoint(directory, *, params: dict, state, history: dict, config: dict) -> Path:
-    """Write a checkpoint atomically into ``directory`` (created if needed)."""
+    """Write a checkpoint atomically into ``directory`` (created if needed); ``config["step"]`` is required."""
     directory = Path(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -51,13 +81,18 @@ def save_checkpoint(directory, *, params: dict, state, history: dict, config: di
         raise CheckpointError(f"checkpoint_dir {str(directory)!r} cannot be created: {exc}") from None
     leaves = [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(state)]
     params_np = {k: np.asarray(v) for k, v in params.items()}
+    history_np = {k: np.asarray(v) for k, v in history.items()}
+    if STEP_KEY in params_np or STEP_KEY in history_np:
+        raise CheckpointError(f"{STEP_KEY!r} is reserved for the checkpoint's step")
     config = dict(config)
+    step = np.asarray(int(config["step"]))
     config["params"] = {k: list(v.shape) for k, v in params_np.items()}
     config["state_leaves"] = [list(leaf.shape) for leaf in leaves]
-    _atomic_write(directory / "params.npz", lambda fh: np.savez(fh, **params_np))
-    _atomic_write(directory / "state.npz", lambda fh: np.savez(fh, *leaves))
-    _atomic_write(directory / "history.npz", lambda fh: np.savez(fh, **{k: np.asarray(v) for k, v in history.items()}))
-    _atomic_write(directory / "config.json", lambda fh: fh.write(json.dumps(config, indent=2, default=_jsonable).encode()))
+    with _sigint_deferred():
+        _atomic_write(directory / "params.npz", lambda fh: np.savez(fh, **params_np, **{STEP_KEY: step}))
+        _atomic_write(directory / "state.npz", lambda fh: np.savez(fh, *leaves, **{STEP_KEY: step}))
+        _atomic_write(directory / "history.npz", lambda fh: np.savez(fh, **history_np, **{STEP_KEY: step}))
+        _atomic_write(directory / "config.json", lambda fh: fh.write(json.dumps(config, indent=2, default=_jsonable).encode()))
     return directory
 
 
@@ -69,25 +104,41 @@ def _jsonable(value):
     return str(value)
 
 
-def load_checkpoint(directory, state_template=None):
+def load_checkpoint(directory, state_template=None, expect: dict | None = None):
     """Read a checkpoint; returns ``(config, params, state, history)``.
 
+    ``expect`` holds ``config.json`` entries the caller requires (e.g. the model name and data
+    size; a missing ``method`` reads as ``"svi"``, the only method of older checkpoints);
     ``state_template`` (a freshly initialised optimiser state of the same model) gives the tree
-    structure; its leaf shapes must match the saved ones or ``CheckpointError`` is raised.
+    structure, and its leaf shapes must match the saved ones. Either mismatch raises
+    ``CheckpointError``.
     """
     directory = Path(directory)
+    steps = {}
     try:
         config = json.loads((directory / "config.json").read_text())
         with np.load(directory / "params.npz", allow_pickle=False) as f:
-            params = {k: f[k] for k in f.files}
+            params = {k: f[k] for k in f.files if k != STEP_KEY}
+            steps["params.npz"] = f[STEP_KEY] if STEP_KEY in f.files else None
         with np.load(directory / "state.npz", allow_pickle=False) as f:
-            leaves = [f[f"arr_{i}"] for i in range(len(f.files))]
+            leaves = [f[f"arr_{i}"] for i in range(sum(k.startswith("arr_") for k in f.files))]
+            steps["state.npz"] = f[STEP_KEY] if STEP_KEY in f.files else None
         with np.load(directory / "history.npz", allow_pickle=False) as f:
-            history = {k: f[k] for k in f.files}
+            history = {k: f[k] for k in f.files if k != STEP_KEY}
+            steps["history.npz"] = f[STEP_KEY] if STEP_KEY in f.files else None
     except FileNotFoundError as exc:
         raise CheckpointError(f"checkpoint in {str(directory)!r} is incomplete: {Path(exc.filename).name} missing") from None
     except (ValueError, OSError, zipfile.BadZipFile, json.JSONDecodeError, KeyError) as exc:
         raise CheckpointError(f"checkpoint in {str(directory)!r} is corrupt: {exc}") from None
+    mixed = {name: int(step) for name, step in steps.items() if step is not None and int(step) != config.get("step")}
+    if mixed:  # files from different writes: an earlier write was cut short
+        raise CheckpointError(f"checkpoint in {str(directory)!r} is inconsistent: config.json is at step "
+                              f"{config.get('step')} but {mixed} (a write was interrupted)")
+    if expect:
+        config.setdefault("method", "svi")
+        saved = {k: config.get(k) for k in expect}
+        if saved != dict(expect):
+            raise CheckpointError(f"checkpoint in {str(directory)!r} was written for {saved}, not {dict(expect)}")
     state = None
     if state_template is not None:
         template_leaves, treedef = jax.tree_util.tree_flatten(state_template)

@@ -4,7 +4,9 @@
 the model family named by the spec, and runs optax through NumPyro's SVI with jit-compiled
 chunks of steps (``lax.scan``), minibatches drawn without replacement epoch by epoch (a pure
 function of seed and step, so a resumed run sees the same batches), a progress bar, checkpoints,
-and a NaN guard that stops at the first bad step with the last good checkpoint on disk.
+and a NaN guard that stops at the first bad step with the last good checkpoint on disk. The loop
+itself (:func:`run_chunks`, driving a :class:`ChunkProgram`) is shared with the Pólya–Gamma
+natural-gradient path (:mod:`inference.pg_natgrad`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import dataclasses
 import math
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -30,10 +33,10 @@ from inference.inducing import InducingVariables, initialise_inducing
 from inference.inducing import Kuu
 from inference.linalg import cholesky_with_jitter
 from inference.svgp import INDUCING_SITE, KERNEL_SITE, SVGP
-from models.errors import CheckpointError, InvalidArgumentError, ShapeError, TrainingError, as_float_array
+from models.errors import InvalidArgumentError, ShapeError, TrainingError, as_float_array
 from models.zoo import ModelSpec
 
-__all__ = ["ElboEstimate", "FitResult", "Prediction", "evaluate_elbo", "fit", "predict", "build_family"]
+__all__ = ["ChunkProgram", "ElboEstimate", "FitResult", "Prediction", "build_family", "evaluate_elbo", "fit", "predict", "run_chunks"]
 
 #: "svgp-logistic-pg" fits a plain SVGP by Pólya–Gamma natural gradients (:mod:`inference.pg_natgrad`);
 #: its model and guide are the SVGP's, so prediction and the ELBO use them unchanged.
@@ -41,7 +44,14 @@ _FAMILIES = {"svgp": SVGP, "svgp-logistic-pg": SVGP}
 
 
 def register_family(name: str, builder) -> None:
-    """Make ``ModelSpec(method=name)`` fit with ``builder(spec, inducing, num_latent)``."""
+    """Make ``ModelSpec(method=name)`` fit with ``builder(spec, inducing, num_latent)``.
+
+    The family's ``model``/``guide`` take ``(X, y, num_data)`` for a minibatch of rows. A family
+    whose ``needs_data_indices`` attribute is true (per-datum variational parameters, e.g. free
+    Pólya–Gamma tilts) also gets ``data_indices`` ``[B]``, the rows' positions in the training
+    set, in ``model``/``guide`` and, with ``num_data``, in ``expected_log_lik`` (from
+    :func:`evaluate_elbo`, on the training data only).
+    """
     _FAMILIES[name] = builder
 
 
@@ -161,18 +171,19 @@ def fit(
 
     ``spec.method == "svgp-logistic-pg"`` is fitted by Pólya–Gamma natural gradients
     (:func:`inference.pg_natgrad.fit_pg_natgrad`; ``optimizer``/``learning_rate`` then drive the
-    hyperparameter steps; no checkpoints). OpenBLAS runs single-threaded during the fit: on a
+    hyperparameter steps). Both paths share one chunk runner (:func:`run_chunks`: progress,
+    checkpoints, resume, NaN guard, Ctrl-C). OpenBLAS runs single-threaded during the fit: on a
     small shared machine its threads made the Cholesky gradient ~50x slower
     (``benchmarks/svgp_scaling.py``).
     """
     with threadpoolctl.threadpool_limits(1, user_api="blas"):
         if isinstance(spec, ModelSpec) and spec.method == "svgp-logistic-pg":
-            if checkpoint_dir is not None or resume:
-                raise InvalidArgumentError("checkpoint_dir", "the svgp-logistic-pg path does not write checkpoints")
             from inference.pg_natgrad import fit_pg_natgrad  # noqa: PLC0415 - it imports this module
 
             return fit_pg_natgrad(spec, X, y, steps=steps, batch_size=batch_size, seed=seed, learning_rate=learning_rate,
-                                  optimizer=optimizer, inducing=inducing, progress=progress, chunk_size=chunk_size)
+                                  optimizer=optimizer, inducing=inducing, checkpoint_dir=checkpoint_dir,
+                                  checkpoint_every=checkpoint_every, resume=resume, progress=progress,
+                                  chunk_size=chunk_size)
         return _fit_svi(spec, X, y, steps=steps, batch_size=batch_size, seed=seed, learning_rate=learning_rate,
                         optimizer=optimizer, inducing=inducing, checkpoint_dir=checkpoint_dir,
                         checkpoint_every=checkpoint_every, resume=resume, progress=progress, chunk_size=chunk_size)
@@ -180,19 +191,12 @@ def fit(
 
 def _fit_svi(spec, X, y, *, steps, batch_size, seed, learning_rate, optimizer, inducing, checkpoint_dir,
              checkpoint_every, resume, progress, chunk_size) -> FitResult:
-    """``fit`` for every NumPyro-SVI family: optax through ``SVI`` in jitted ``lax.scan`` chunks."""
+    """``fit`` for every NumPyro-SVI family: optax through ``SVI``, run by :func:`run_chunks`."""
     if not isinstance(spec, ModelSpec):
         raise InvalidArgumentError("spec", f"expected a ModelSpec (zoo.get(name, ...)), got {type(spec).__name__}")
     X, y = validate_data(spec, X, y)
     N = X.shape[0]
-    if not isinstance(steps, (int, np.integer)) or steps < 0:
-        raise InvalidArgumentError("steps", f"must be a non-negative integer, got {steps!r}")
-    B = N if batch_size is None else batch_size
-    if not isinstance(B, (int, np.integer)) or not 1 <= B <= N:
-        raise InvalidArgumentError("batch_size", f"must be an integer in [1, {N}], got {batch_size!r}")
-    if resume and checkpoint_dir is None:
-        raise InvalidArgumentError("resume", "resume=True needs checkpoint_dir")
-    checkpoint_every = checkpoint_every or max(1, steps // 10)
+    B = check_run_arguments(N, steps, batch_size, checkpoint_dir, resume)
 
     key = jax.random.PRNGKey(seed)
     key_inducing, key_svi = jax.random.split(key)
@@ -209,91 +213,35 @@ def _fit_svi(spec, X, y, *, steps, batch_size, seed, learning_rate, optimizer, i
     batches = _BatchSchedule(N, B, seed)
     init_idx = batches(0)
     if family.hyper_guide is None:
-        state = jax.jit(lambda key, Xb, yb: svi.init(key, Xb, yb, num_data=N))(key_svi, X_j[init_idx], y_j[init_idx])
+        state = jax.jit(lambda key, idx: svi.init(key, X_j[idx], y_j[idx], num_data=N, **_index_kwargs(family, idx)))(
+            key_svi, init_idx)
     else:  # the autoguide records concrete prototype values at init: it must not run under jit
-        state = svi.init(key_svi, X_j[init_idx], y_j[init_idx], num_data=N)
+        state = svi.init(key_svi, X_j[init_idx], y_j[init_idx], num_data=N, **_index_kwargs(family, init_idx))
     family.check_analytic_kl()
 
-    start, elbo_hist, lr_hist = 0, [], []
-    if resume and (Path(checkpoint_dir) / "config.json").exists():
-        config, _, state, history = load_checkpoint(checkpoint_dir, state_template=state)
-        if config.get("model") != spec.name or config.get("num_data") != N or config.get("batch_size") != B:
-            raise CheckpointError(
-                f"checkpoint in {str(checkpoint_dir)!r} was written for model {config.get('model')!r} "
-                f"(N={config.get('num_data')}, batch_size={config.get('batch_size')}), not {spec.name!r} (N={N}, batch_size={B})"
-            )
-        start = int(config["step"])
-        elbo_hist, lr_hist = list(history["elbo"]), list(history["learning_rate"])
+    def update(state, batch_idx):
+        new_state, loss = svi.update(state, X_j[batch_idx], y_j[batch_idx], num_data=N, **_index_kwargs(family, batch_idx))
+        return new_state, -loss
 
-    def run_chunk(state, idx, active):  # idx [K, B], active [K]: padded steps leave the state as is
-        def body(state, inputs):
-            batch_idx, on = inputs
-            new_state, loss = svi.update(state, X_j[batch_idx], y_j[batch_idx], num_data=N)
-            state = jax.tree_util.tree_map(lambda a, b: jnp.where(on, a, b), new_state, state)
-            return state, loss
-
-        return jax.lax.scan(body, state, (idx, active))
-
-    run_chunk = jax.jit(run_chunk)
     get_params = jax.jit(svi.get_params)
     jitter_at = jax.jit(lambda params: _jitter_used(family, params))
     diagnostics = {"jitter": float(spec.jitter), "jitter_events": [], "dtype": str(np.dtype(_float_dtype())), "seconds": 0.0}
-
-    def checkpoint(step, state):
-        if checkpoint_dir is None:
-            return
-        save_checkpoint(
-            checkpoint_dir,
-            params=get_params(state),
-            state=state,
-            history={"elbo": np.asarray(elbo_hist[:step]), "learning_rate": np.asarray(lr_hist[:step])},
-            config={"model": spec.name, "step": step, "num_data": N, "batch_size": B, "seed": seed,
-                    "jitter_events": diagnostics["jitter_events"]},
-        )
 
     def record_jitter(step, state):
         jitter = float(jitter_at(get_params(state)))
         if jitter > spec.jitter * 1.0001:
             diagnostics["jitter_events"].append({"step": step, "jitter": jitter})
 
-    record_jitter(start, state)
-    chunk = max(1, min(chunk_size, steps))  # one compiled scan length for the whole run
-    bar = tqdm(total=steps, initial=start, desc=f"fit {spec.name}", disable=not progress, unit="step", leave=False)
+    program = ChunkProgram(
+        label=f"fit {spec.name}", objective="ELBO", update=update, step_inputs=batches,
+        rate_at=lambda step: float(schedule(step)), params_of=get_params,
+        config={"model": spec.name, "method": "svi", "num_data": N, "batch_size": B, "seed": seed},
+        hint="Try a smaller learning_rate or larger jitter.", after_chunk=record_jitter,
+    )
     t0 = time.perf_counter()
-    step = start
-    try:
-        while step < steps:
-            k = min(chunk, steps - step, checkpoint_every - step % checkpoint_every)
-            idx = np.stack([batches(s) for s in range(step, step + k)] + [batches(step)] * (chunk - k))  # [chunk, B]
-            new_state, losses = run_chunk(state, idx, np.arange(chunk) < k)
-            losses = np.asarray(losses)[:k]
-            if not np.all(np.isfinite(losses)):
-                # the loss at step `bad` is evaluated at the parameters the update of step bad-1
-                # produced, so the last state known to be good is the one at step bad-1
-                bad = step + int(np.argmin(np.isfinite(losses)))
-                good = max(bad - 1, start)
-                state = _advance(svi, state, X_j, y_j, N, batches, step, good)
-                elbo_hist.extend((-losses[: good - step]).tolist())
-                lr_hist.extend(float(schedule(s)) for s in range(step, good))
-                checkpoint(good, state)
-                where = f"; last good checkpoint (step {good}) in {checkpoint_dir}" if checkpoint_dir else ""
-                raise TrainingError(
-                    f"loss became {losses[bad - step]} at step {bad} of {spec.name!r}{where}. "
-                    "Try a smaller learning_rate or larger jitter.",
-                    step=bad,
-                    checkpoint=str(checkpoint_dir) if checkpoint_dir else None,
-                )
-            state = new_state
-            elbo_hist.extend((-losses).tolist())
-            lr_hist.extend(float(schedule(s)) for s in range(step, step + k))
-            step += k
-            record_jitter(step, state)
-            if step % checkpoint_every == 0 or step == steps:
-                checkpoint(step, state)
-            bar.update(k)
-            bar.set_postfix(elbo=f"{elbo_hist[-1]:.4g}")
-    finally:
-        bar.close()
+    state, elbo_hist, lr_hist = run_chunks(program, state, steps=steps, chunk_size=chunk_size, checkpoint_dir=checkpoint_dir,
+                                           checkpoint_every=checkpoint_every, resume=resume, progress=progress,
+                                           diagnostics=diagnostics)
     diagnostics["seconds"] = time.perf_counter() - t0
     diagnostics["steps"] = steps
     params = {k: np.asarray(v) for k, v in get_params(state).items()}
@@ -303,6 +251,167 @@ def _fit_svi(spec, X, y, *, steps, batch_size, seed, learning_rate, optimizer, i
         diagnostics=diagnostics, num_data=N, X_train=np.asarray(X), y_train=np.asarray(y),
         seed=seed, batch_size=B, _family=family,
     )
+
+
+def _index_kwargs(family, batch_idx) -> dict:
+    """``{"data_indices": batch_idx}`` for families that read training-set row indices, else ``{}``."""
+    return {"data_indices": batch_idx} if getattr(family, "needs_data_indices", False) else {}
+
+
+def check_run_arguments(num_data: int, steps, batch_size, checkpoint_dir, resume) -> int:
+    """Eager checks of the arguments every fitting method shares; returns the batch size B."""
+    if not isinstance(steps, (int, np.integer)) or steps < 0:
+        raise InvalidArgumentError("steps", f"must be a non-negative integer, got {steps!r}")
+    B = num_data if batch_size is None else batch_size
+    if not isinstance(B, (int, np.integer)) or not 1 <= B <= num_data:
+        raise InvalidArgumentError("batch_size", f"must be an integer in [1, {num_data}], got {batch_size!r}")
+    if resume and checkpoint_dir is None:
+        raise InvalidArgumentError("resume", "resume=True needs checkpoint_dir")
+    return int(B)
+
+
+# ----------------------------------------------------------------------------- the chunk runner
+@dataclasses.dataclass
+class ChunkProgram:
+    """A fitting method as :func:`run_chunks` drives it.
+
+    ``update(state, inputs) -> (state, objective)`` is one step: ``inputs`` are that step's
+    ``step_inputs(step)`` (a pytree of arrays, e.g. its minibatch indices) and ``objective`` the
+    value being maximised at the *incoming* state (ELBO, PG bound), so the objective of step t
+    belongs to the parameters after t updates. ``rate_at(step)`` is what ``learning_rate_history``
+    records; ``params_of(state)`` the constrained parameters a checkpoint stores; ``config`` names
+    the run (``model``, ``method``, ``num_data``, ``batch_size``, ``seed``; the first four must
+    match to resume). ``after_chunk(step, state)`` runs after every completed chunk (e.g. to
+    record jitter increases in the diagnostics).
+    """
+
+    label: str
+    objective: str
+    update: Callable[[Any, Any], tuple[Any, jax.Array]]
+    step_inputs: Callable[[int], Any]
+    rate_at: Callable[[int], float]
+    params_of: Callable[[Any], dict]
+    config: dict
+    hint: str = ""
+    after_chunk: Callable[[int, Any], None] | None = None
+
+
+#: ``config`` keys that must agree between a checkpoint and the run that resumes from it.
+RESUME_KEYS = ("model", "method", "num_data", "batch_size")
+
+
+def _finite(tree) -> jax.Array:
+    """True when every floating leaf of ``tree`` is finite (a scalar bool)."""
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
+def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, checkpoint_dir, checkpoint_every,
+               resume: bool, progress: bool, diagnostics: dict):
+    """Run ``program`` from ``state`` to ``steps`` steps; returns ``(state, objective history, rate history)``.
+
+    Steps run in jit-compiled ``lax.scan`` chunks of one length (``chunk_size``; padded steps
+    leave the state as is), cut at the checkpoint cadence so that a checkpoint is written every
+    ``checkpoint_every`` steps (default: every 10 % of the run) and at the end. ``resume=True``
+    continues from the checkpoint in ``checkpoint_dir`` (when there is one); since the step
+    inputs and rates are pure functions of the step, the resumed run reproduces the
+    uninterrupted one exactly.
+
+    NaN guard: a non-finite objective or state stops the run with a ``TrainingError`` naming the
+    first step whose incoming state is bad; the state one step earlier is replayed (with the same
+    compiled chunk) and checkpointed as the last good one. A ``KeyboardInterrupt`` checkpoints the
+    last completed chunk (when it is not on disk yet) and propagates; a Ctrl-C during a checkpoint
+    write is held until the write is complete (:mod:`inference.checkpoint`).
+    """
+    checkpoint_every = checkpoint_every or max(1, steps // 10)
+    if checkpoint_every < 1:
+        raise InvalidArgumentError("checkpoint_every", f"must be a positive integer, got {checkpoint_every!r}")
+    name = program.config.get("model")
+    start, objective_hist, rate_hist = 0, [], []
+    if resume and (Path(checkpoint_dir) / "config.json").exists():
+        config, _, state, history = load_checkpoint(checkpoint_dir, state_template=state,
+                                                     expect={k: program.config.get(k) for k in RESUME_KEYS})
+        start = int(config["step"])
+        objective_hist, rate_hist = list(history["elbo"]), list(history["learning_rate"])
+        diagnostics["jitter_events"] = list(config.get("jitter_events", []))
+    elif program.after_chunk is not None:
+        program.after_chunk(start, state)
+
+    def run_chunk(state, inputs, active):  # inputs: [K, ...] per step, active [K]: padded steps are no-ops
+        def body(state, step):
+            step_inputs, on = step
+            new_state, objective = program.update(state, step_inputs)
+            new_state = jax.tree_util.tree_map(lambda a, b: jnp.where(on, a, b), new_state, state)
+            return new_state, (objective, _finite(new_state))
+
+        return jax.lax.scan(body, state, (inputs, active))
+
+    run_chunk = jax.jit(run_chunk)
+    chunk = max(1, min(chunk_size, steps))  # one compiled scan length for the whole run
+
+    def chunk_inputs(first: int, count: int):
+        per_step = [program.step_inputs(s) for s in range(first, first + count)]
+        per_step += [per_step[0]] * (chunk - count)
+        return jax.tree_util.tree_map(lambda *xs: np.stack(xs), *per_step), np.arange(chunk) < count
+
+    def checkpoint(step, state):
+        save_checkpoint(
+            checkpoint_dir, params=program.params_of(state), state=state,
+            history={"elbo": np.asarray(objective_hist[:step]), "learning_rate": np.asarray(rate_hist[:step])},
+            config={**program.config, "step": step, "jitter_events": diagnostics["jitter_events"]},
+        )
+
+    # (steps done, state after them), assigned in one statement so that an interrupt sees a consistent pair;
+    # `previous` is the pair one chunk earlier (the NaN guard may need a state from before `committed`)
+    committed, previous = (start, state), None
+    saved_step = start if resume and start > 0 else None  # step of the checkpoint on disk from this run
+    bar = tqdm(total=steps, initial=start, desc=program.label, disable=not progress, unit="step", leave=False)
+    try:
+        while committed[0] < steps:
+            step, state = committed
+            k = min(chunk, steps - step, checkpoint_every - step % checkpoint_every)
+            inputs, active = chunk_inputs(step, k)
+            new_state, (objective, finite) = run_chunk(state, inputs, active)
+            objective, finite = np.asarray(objective)[:k], np.asarray(finite)[:k]
+            if not (np.all(np.isfinite(objective)) and np.all(finite)):
+                # objective[j] is that of the state after step+j updates, finite[j] is about the one after step+j+1
+                bad_objective = [step + int(j) for j in np.flatnonzero(~np.isfinite(objective))[:1]]
+                bad_state = [step + int(j) + 1 for j in np.flatnonzero(~finite)[:1]]
+                bad = min(bad_objective + bad_state)
+                good = max(bad - 1, start)  # the last state whose objective and parameters are finite
+                base_step, base_state = (step, state) if good >= step or previous is None else previous
+                objective_hist = (objective_hist + objective.tolist())[:good]  # it held `step` entries
+                rate_hist = (rate_hist + [program.rate_at(s) for s in range(step, step + k)])[:good]
+                if good > base_step:
+                    base_state = run_chunk(base_state, *chunk_inputs(base_step, good - base_step))[0]
+                if checkpoint_dir is not None and good > start:
+                    checkpoint(good, base_state)
+                    saved_step = good
+                what = (f"the {program.objective} became {objective[bad - step]}" if bad_objective and bad == bad_objective[0]
+                        else "the parameters became non-finite")
+                where = f"; last good checkpoint (step {good}) in {checkpoint_dir}" if saved_step == good else ""
+                raise TrainingError(
+                    f"{what} at step {bad} of {name!r}{where}. {program.hint}".rstrip(),
+                    step=bad,
+                    checkpoint=str(checkpoint_dir) if where else None,
+                )
+            objective_hist.extend(objective.tolist())
+            rate_hist.extend(program.rate_at(s) for s in range(step, step + k))
+            committed, previous = (step + k, new_state), committed
+            if program.after_chunk is not None:
+                program.after_chunk(step + k, new_state)
+            if checkpoint_dir is not None and ((step + k) % checkpoint_every == 0 or step + k == steps):
+                checkpoint(step + k, new_state)
+                saved_step = step + k
+            bar.update(k)
+            bar.set_postfix({program.objective.split()[-1]: f"{objective_hist[-1]:.4g}"})
+    except KeyboardInterrupt:
+        if checkpoint_dir is not None and committed[0] > start and saved_step != committed[0]:
+            checkpoint(*committed)
+        raise
+    finally:
+        bar.close()
+    return committed[1], objective_hist[: committed[0]], rate_hist[: committed[0]]
 
 
 class _BatchSchedule:
@@ -320,14 +429,6 @@ class _BatchSchedule:
         if epoch != self._epoch:
             self._epoch, self._perm = epoch, np.random.default_rng([self.seed, epoch]).permutation(self.N)
         return self._perm[pos * self.B : (pos + 1) * self.B]
-
-
-def _advance(svi, state, X, y, N, batches, start, stop):
-    """Replay steps ``start..stop-1`` one at a time (used to reach the last good state)."""
-    for s in range(start, stop):
-        idx = batches(s)
-        state, _ = svi.update(state, X[idx], y[idx], num_data=N)
-    return state
 
 
 def _jitter_used(family, params):
@@ -408,25 +509,32 @@ def evaluate_elbo(res: FitResult, X=None, y=None, *, num_samples: int = 32, seed
                   batch_size: int = 512) -> ElboEstimate:
     """Full-data ELBO Σ_n E_q[log p(y_n|f_n)] − KL (seed 000 eq. 5) with its Monte Carlo SE.
 
-    Defaults to the training data. Terms that are analytic (Gaussian, Gauss–Hermite, the KL)
+    Defaults to the training data (per-datum variational parameters, such as free Pólya–Gamma
+    tilts, are used there; on other data their family's default stands in). Terms that are analytic (Gaussian, Gauss–Hermite, the KL)
     contribute no Monte Carlo error; with none stochastic (no Monte Carlo likelihood, no sampled
     orbits, no sampled hyperparameters) a single draw is used and SE = 0.
     """
+    training = (X is None and y is None) or (
+        X is not None and y is not None and np.shape(X) == res.X_train.shape and np.shape(y) == res.y_train.shape
+        and np.array_equal(X, res.X_train) and np.array_equal(y, res.y_train))
     X = res.X_train if X is None else X
     y = res.y_train if y is None else y
     X, y = validate_data(res.spec, X, y)
     family = res.family
+    # per-datum parameters exist for training rows only; elsewhere such a family uses its default
+    with_indices = training and getattr(family, "needs_data_indices", False)
     stochastic = family.stochastic_expectation or family.hyper_guide is not None
     S = num_samples if stochastic else 1
     if S < 1:
         raise InvalidArgumentError("num_samples", f"must be >= 1, got {num_samples}")
     keys = jax.random.split(jax.random.PRNGKey(seed), S)
 
-    def ell_and_kl(params, Xc, yc, key):
+    def ell_and_kl(params, Xc, yc, key, rows):
         with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=key):
             parts = family.parts()
             lik_key = key if parts.likelihood.stochastic_expectation else None
-            ell = jnp.sum(family.expected_log_lik(parts, Xc, yc, lik_key))
+            index_kwargs = {"data_indices": rows, "num_data": res.num_data} if with_indices else {}
+            ell = jnp.sum(family.expected_log_lik(parts, Xc, yc, lik_key, **index_kwargs))
             kl = numpyro.distributions.kl.kl_divergence(family.posterior(parts), family.prior(parts))
         return ell, kl
 
@@ -442,7 +550,8 @@ def evaluate_elbo(res: FitResult, X=None, y=None, *, num_samples: int = 32, seed
             extra = _hyper_log_ratio(res, h, X[:1], y[:1])
         ell, kl = 0.0, 0.0
         for i, sl in enumerate(_chunks(X.shape[0], batch_size)):
-            e, kl = ell_and_kl(params, jnp.asarray(X[sl]), jnp.asarray(y[sl], _float_dtype()), jax.random.fold_in(keys[s], i))
+            e, kl = ell_and_kl(params, jnp.asarray(X[sl]), jnp.asarray(y[sl], _float_dtype()), jax.random.fold_in(keys[s], i),
+                               np.arange(sl.start, sl.stop))
             ell += float(e)
         draws.append(ell - float(kl) - extra)
         ell_total += ell / S

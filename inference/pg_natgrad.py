@@ -32,17 +32,30 @@ its equations are written out here rather than cited by number):
   parameterisation (whitened: q(v)) and c at its optimum (the envelope theorem: the gradient of
   max_c (PG) is the gradient at fixed optimal c, so c is a constant there).
 
+Cost. Everything (PG) needs from the kernel is :class:`PGFeatures`: Luu, A = Luu⁻¹ Kuf and the
+prior conditional variances k_nn − a_nᵀ a_n (:func:`pg_features`). With the hyperparameters and Z
+fixed they do not change between updates, so ``fit_pg_natgrad`` computes them once per fit (for
+all N points while M·N ≤ ``FEATURE_CACHE_ELEMENTS``; minibatches then take their columns) and a
+step (:func:`natural_update`) is two [M, N] matrix products — S^{1/2}ᵀA for the variances and
+A diag(θ) Aᵀ for Λ — plus M×M factorisations; no Kuu, Cholesky of Kuu or solve against Kuf per
+step. With hyperparameters trained, the natural step and the hyperparameter gradient share one
+evaluation of the features (``jax.vjp``) instead of computing them twice.
+
 The fitted q(u) is stored under the SVGP guide's own names (``q_mu`` ``[1, M]``, ``q_sqrt``
 ``[1, M, M]`` lower triangular, whitened or not as ``spec.whiten`` says) with the constrained
 hyperparameters, so :func:`inference.fit.predict`, :func:`inference.fit.evaluate_elbo` (which
 reports the exact Gauss–Hermite ELBO ≥ (PG)) and :func:`analysis.datatree.to_datatree` work
-unchanged. NumPyro's SVI is not used: its ELBO machinery has no natural-gradient step.
+unchanged. NumPyro's SVI is not used: its ELBO machinery has no natural-gradient step. The loop
+(chunks, progress, checkpoints and resume, NaN guard, Ctrl-C) is :func:`inference.fit.run_chunks`,
+the one the SVI path uses.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,22 +64,44 @@ import numpyro
 import optax
 from jax.scipy.linalg import solve_triangular
 from numpyro.distributions import biject_to, constraints
-from numpyro.distributions.kl import kl_divergence
-from tqdm.auto import tqdm
 
-from inference.fit import FitResult, _BatchSchedule, _float_dtype, _jitter_used, validate_data
+from inference.fit import (
+    ChunkProgram,
+    FitResult,
+    _BatchSchedule,
+    _float_dtype,
+    _jitter_used,
+    check_run_arguments,
+    run_chunks,
+    validate_data,
+)
 from inference.inducing import InducingPoints, InducingVariables, Kuf, initialise_inducing
 from inference.polya_gamma import _pg1_mean, optimal_c, pg_logistic_bound
 from inference.svgp import SVGP, _has_prior
-from models.errors import InvalidArgumentError, TrainingError
+from models.errors import InvalidArgumentError
 from models.likelihoods import Bernoulli
 from models.zoo import ModelSpec
 
-__all__ = ["METHOD", "check_spec", "fit_pg_natgrad", "natural_step", "pg_bound", "robbins_monro"]
+__all__ = [
+    "FEATURE_CACHE_ELEMENTS",
+    "METHOD",
+    "PGFeatures",
+    "check_spec",
+    "features_bound",
+    "fit_pg_natgrad",
+    "natural_step",
+    "natural_update",
+    "pg_bound",
+    "pg_features",
+    "robbins_monro",
+]
 
 #: ``ModelSpec.method`` that :func:`inference.fit.fit` routes here.
 METHOD = "svgp-logistic-pg"
 Q_SITES = ("q_mu", "q_sqrt")
+#: With fixed hyperparameters, A = Luu⁻¹ Kuf is kept for all N points when M·N is at most this
+#: (2^26 elements: 512 MiB in float64); above it each step computes its batch's columns.
+FEATURE_CACHE_ELEMENTS = 2**26
 
 
 # ----------------------------------------------------------------------------- checks
@@ -92,10 +127,65 @@ def robbins_monro(tau: float = 1.0, kappa: float = 0.6) -> Callable[[int], float
     return lambda step: float((step + tau) ** (-kappa))
 
 
-# ----------------------------------------------------------------------------- the bound
+# ----------------------------------------------------------------------------- features and the bound
+class PGFeatures(NamedTuple):
+    """What (PG) needs from the kernel at given hyperparameters, for N inputs (a pytree)."""
+
+    Luu: jax.Array  # [M, M]  chol(Kuu + jitter)
+    A: jax.Array  # [M, N]  Luu⁻¹ Kuf
+    resid: jax.Array  # [N]  k(x_n, x_n) − a_nᵀ a_n: the prior conditional variance of f_n given u
+
+    def columns(self, idx) -> PGFeatures:
+        """The features of the inputs ``idx`` ``[B]``."""
+        return PGFeatures(self.Luu, self.A[:, idx], self.resid[idx])
+
+
 def _parts(family: SVGP, params):
     with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=0):
         return family.parts()
+
+
+def pg_features(family: SVGP, params: dict, X) -> PGFeatures:
+    """:class:`PGFeatures` of inputs ``X`` ``[N, D]`` at the constrained ``params`` (q(u) is not read)."""
+    parts = _parts(family, params)
+    Luu = parts.Luu[0]  # [M, M]
+    A = solve_triangular(Luu, Kuf(parts.inducing, parts.kernel, X)[0], lower=True)  # [M, N]
+    return PGFeatures(Luu, A, parts.kernel.K_diag(X) - jnp.sum(A**2, 0))
+
+
+def _whitened(features: PGFeatures, q_mu, q_sqrt, whiten: bool):
+    """q(v) of v = Luu⁻¹ u as (mean ``[M]``, lower S^{1/2} ``[M, M]``) from the guide's ``[1, M]``, ``[1, M, M]``."""
+    mean, sqrt = q_mu[0], q_sqrt[0]
+    if whiten:
+        return mean, sqrt
+    return solve_triangular(features.Luu, mean, lower=True), solve_triangular(features.Luu, sqrt, lower=True)
+
+
+def _bound_terms(features: PGFeatures, mean_v, sqrt_v):
+    """(E f ``[N]``, E f² ``[N]``, KL[q(v) || N(0, I)]) for q(v) = N(mean_v, sqrt_v sqrt_vᵀ).
+
+    q(f_n) in whitened form (seed 000 eq. 6): E f_n = a_nᵀ m, Var f_n = resid_n + ‖S^{1/2}ᵀ a_n‖²;
+    the KL equals KL[q(u) || p(u)] in either parameterisation (u = Luu v is linear).
+    """
+    A = features.A
+    mean = A.T @ mean_v  # [N]
+    var = features.resid + jnp.sum((sqrt_v.T @ A) ** 2, 0)  # [N]
+    M = A.shape[0]
+    kl = 0.5 * (jnp.sum(sqrt_v**2) + mean_v @ mean_v - M - 2.0 * jnp.sum(jnp.log(jnp.diagonal(sqrt_v))))
+    return mean, mean**2 + var, kl
+
+
+def features_bound(features: PGFeatures, y, q_mu, q_sqrt, *, scale=1.0, whiten: bool = True, c=None):
+    """(PG) from features: scale·Σ_n pg_logistic_bound(y_n, E f_n, E f_n², c_n) − KL (seed 001 eq. 23).
+
+    ``q_mu`` ``[1, M]``, ``q_sqrt`` ``[1, M, M]`` in the guide's parameterisation (``whiten``);
+    ``c`` ``[N]`` the PG tilts, default their optimum √E[f²] (no gradient through it).
+    """
+    mean_v, sqrt_v = _whitened(features, q_mu, q_sqrt, whiten)
+    mean, second, kl = _bound_terms(features, mean_v, sqrt_v)
+    if c is None:
+        c = jax.lax.stop_gradient(optimal_c(second))  # [N]
+    return scale * jnp.sum(pg_logistic_bound(y, mean, second, c)) - kl
 
 
 def pg_bound(family: SVGP, params: dict, X, y, num_data: int | None = None, c=None):
@@ -104,14 +194,9 @@ def pg_bound(family: SVGP, params: dict, X, y, num_data: int | None = None, c=No
     ``params`` are the family's constrained NumPyro params (``kernel.*``, ``inducing.Z``, ``q_mu``,
     ``q_sqrt``); ``c`` ``[B]`` the PG tilts, default their optimum √E[f²] (no gradient through it).
     """
-    parts = _parts(family, params)
-    mean, var = family.latent_moments(parts, X)  # [B, 1] each
-    second = mean[:, 0] ** 2 + var[:, 0]  # [B]
-    if c is None:
-        c = jax.lax.stop_gradient(optimal_c(second))  # [B]
     scale = (num_data or X.shape[0]) / X.shape[0]
-    kl = kl_divergence(family.posterior(parts), family.prior(parts))
-    return scale * jnp.sum(pg_logistic_bound(y, mean[:, 0], second, c)) - kl
+    return features_bound(pg_features(family, params, X), y, params["q_mu"], params["q_sqrt"], scale=scale,
+                          whiten=family.spec.whiten, c=c)
 
 
 # ----------------------------------------------------------------------------- q(u) update
@@ -129,45 +214,43 @@ def _gaussian_from_precision(precision, shift):
     return mean, q_sqrt
 
 
-def natural_step(family: SVGP, params: dict, X, y, num_data: int, rho):
-    """One natural-gradient step of q(u) on a batch; returns (new q_mu, new q_sqrt, (PG) before the step).
+def natural_update(features: PGFeatures, y, q_mu, q_sqrt, *, scale, rho, whiten: bool = True):
+    """One natural-gradient step of q(u) on a batch with precomputed features; returns (q_mu, q_sqrt, (PG) before).
 
-    Closed-form c_b = √E[f_b²] at the current q, then η ← (1 − ρ)η + ρ η̂ with η̂ the batch's
-    optimal natural parameters (module docstring). The returned bound is (PG) at the incoming
-    parameters with optimal c — the same number :func:`pg_bound` gives there.
+    ``features`` and ``y`` ``[B]`` are the batch's, ``scale`` = N/B, ``rho`` the step size;
+    ``q_mu`` ``[1, M]``, ``q_sqrt`` ``[1, M, M]`` in the guide's parameterisation (``whiten``),
+    returned in it. Closed-form c_b = √E[f_b²] at the current q, then η ← (1 − ρ)η + ρ η̂ with η̂
+    the batch's optimal natural parameters (module docstring). The returned bound is (PG) at the
+    incoming q with optimal c, the number :func:`features_bound` gives there.
     """
-    parts = _parts(family, params)
-    whiten = family.spec.whiten
-    Luu = parts.Luu[0]  # [M, M]
-    M, B = Luu.shape[0], X.shape[0]
-    eye = jnp.eye(M, dtype=Luu.dtype)
-    A = solve_triangular(Luu, Kuf(parts.inducing, parts.kernel, X)[0], lower=True)  # [M, B]  Luu⁻¹ Kuf
-    q_mu, q_sqrt = parts.q_mu[0], parts.q_sqrt[0]  # [M], [M, M]
-    if not whiten:  # q(u) -> q(v), v = Luu⁻¹ u
-        q_mu = solve_triangular(Luu, q_mu, lower=True)
-        q_sqrt = solve_triangular(Luu, q_sqrt, lower=True)
-    # q(f_b) marginals and the optimal PG tilts (seed 000 eq. 6 in whitened form; seed 001 eq. 23)
-    mean = A.T @ q_mu  # [B]
-    var = parts.kernel.K_diag(X) - jnp.sum(A**2, 0) + jnp.sum((q_sqrt.T @ A) ** 2, 0)  # [B]
-    second = mean**2 + var  # [B]
+    mean_v, sqrt_v = _whitened(features, q_mu, q_sqrt, whiten)  # [M], [M, M]
+    A = features.A  # [M, B]
+    eye = jnp.eye(A.shape[0], dtype=A.dtype)
+    mean, second, kl = _bound_terms(features, mean_v, sqrt_v)  # [B], [B], scalar
     c = optimal_c(second)  # [B]
-    kappa = jnp.asarray(y, Luu.dtype) - 0.5  # [B]
-    scale = num_data / B
-    kl = kl_divergence(family.posterior(parts), family.prior(parts))
     bound = scale * jnp.sum(pg_logistic_bound(y, mean, second, c)) - kl
-    # natural parameters: batch optimum (h_opt, Λ_opt) and the current q(v) (h, Λ)
+    # natural parameters: the batch optimum (h_opt, Λ_opt), mixed with the current q(v)'s (h, Λ)
     theta = _pg1_mean(c)  # [B]  E[ω_b]
     precision_opt = eye + scale * (A * theta) @ A.T  # [M, M]
-    shift_opt = scale * A @ kappa  # [M]
-    inv_sqrt = solve_triangular(q_sqrt, eye, lower=True)  # [M, M]  S^{-1/2}
-    precision = inv_sqrt.T @ inv_sqrt  # [M, M]  S⁻¹
-    shift = precision @ q_mu  # [M]
-    precision = (1.0 - rho) * precision + rho * precision_opt
-    precision = 0.5 * (precision + precision.T)
-    new_mu, new_sqrt = _gaussian_from_precision(precision, (1.0 - rho) * shift + rho * shift_opt)
+    shift_opt = scale * A @ (jnp.asarray(y, A.dtype) - 0.5)  # [M]
+
+    def mixed():
+        inv_sqrt = solve_triangular(sqrt_v, eye, lower=True)  # [M, M]  S^{-1/2}
+        precision = inv_sqrt.T @ inv_sqrt  # [M, M]  S⁻¹
+        return (1.0 - rho) * precision + rho * precision_opt, (1.0 - rho) * (precision @ mean_v) + rho * shift_opt
+
+    # ρ = 1 (CAVI) needs nothing of the current q(v): skip forming S⁻¹
+    precision, shift = jax.lax.cond(rho == 1.0, lambda: (precision_opt, shift_opt), mixed)
+    new_mean, new_sqrt = _gaussian_from_precision(0.5 * (precision + precision.T), shift)
     if not whiten:  # back to u = Luu v (a product of lower-triangular matrices stays lower)
-        new_mu, new_sqrt = Luu @ new_mu, Luu @ new_sqrt
-    return new_mu[None], new_sqrt[None], bound
+        new_mean, new_sqrt = features.Luu @ new_mean, features.Luu @ new_sqrt
+    return new_mean[None], new_sqrt[None], bound
+
+
+def natural_step(family: SVGP, params: dict, X, y, num_data: int, rho):
+    """:func:`natural_update` computing the batch's features from ``params`` first (one self-contained step)."""
+    return natural_update(pg_features(family, params, X), y, params["q_mu"], params["q_sqrt"],
+                          scale=num_data / X.shape[0], rho=rho, whiten=family.spec.whiten)
 
 
 # ----------------------------------------------------------------------------- fitting
@@ -193,6 +276,9 @@ def fit_pg_natgrad(
     learn_hyperparameters: bool | None = None,
     learn_inducing: bool = True,
     inducing: InducingVariables | None = None,
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_every: int | None = None,
+    resume: bool = False,
     progress: bool = True,
     chunk_size: int = 25,
 ) -> FitResult:
@@ -202,19 +288,17 @@ def fit_pg_natgrad(
     :func:`robbins_monro` with minibatches. ``learn_hyperparameters`` (default
     ``spec.options.get("learn_hyperparameters", True)``) adds one Adam step (``learning_rate``, or
     ``optimizer``) on (PG) for the kernel hyperparameters — and Z unless ``learn_inducing=False`` —
-    after each natural step. ``elbo_history[t]`` is (PG) on step t's batch (scaled to N) before
-    the step; ``learning_rate_history`` holds ρ_t (the Adam rate is in ``diagnostics``).
+    after each natural step; without it the features are computed once (module docstring).
+    ``elbo_history[t]`` is (PG) on step t's batch (scaled to N) before the step;
+    ``learning_rate_history`` holds ρ_t (the Adam rate is in ``diagnostics``). Checkpoints,
+    ``resume`` and the NaN guard behave as in :func:`inference.fit.fit`.
     """
     if not isinstance(spec, ModelSpec):
         raise InvalidArgumentError("spec", f"expected a ModelSpec (zoo.get(name, ...)), got {type(spec).__name__}")
     check_spec(spec)
     X, y = validate_data(spec, X, y)
     N = X.shape[0]
-    if not isinstance(steps, (int, np.integer)) or steps < 0:
-        raise InvalidArgumentError("steps", f"must be a non-negative integer, got {steps!r}")
-    B = N if batch_size is None else batch_size
-    if not isinstance(B, (int, np.integer)) or not 1 <= B <= N:
-        raise InvalidArgumentError("batch_size", f"must be an integer in [1, {N}], got {batch_size!r}")
+    B = check_run_arguments(N, steps, batch_size, checkpoint_dir, resume)
     if step_size is None:
         step_size = spec.options.get("step_size") or (1.0 if B == N else robbins_monro())
     rho_at = step_size if callable(step_size) else (lambda step: float(step_size))
@@ -229,6 +313,7 @@ def fit_pg_natgrad(
     if not isinstance(inducing, InducingPoints):
         raise InvalidArgumentError("inducing", f"the Pólya–Gamma path supports InducingPoints, got {type(inducing).__name__}")
     family = SVGP(spec, inducing, num_latent=1)
+    whiten = spec.whiten
 
     sites = _param_sites(family)
     trainable = {n for n in sites if n not in Q_SITES and learn_hyperparameters and (learn_inducing or not n.startswith("inducing."))}
@@ -244,26 +329,40 @@ def fit_pg_natgrad(
     state = {"hyper": hyper0, "q_mu": sites["q_mu"][0], "q_sqrt": sites["q_sqrt"][0], "opt": optimizer.init(hyper0)}
 
     X_j, y_j = jnp.asarray(X), jnp.asarray(y, dtype=_float_dtype())
+    scale = N / B
+    full_batch = B == N
 
-    def step(state, inputs):
-        batch_idx, rho, on = inputs
-        Xb, yb = X_j[batch_idx], y_j[batch_idx]
-        q_mu, q_sqrt, bound = natural_step(family, constrained(state), Xb, yb, N, rho)
-        new = {**state, "q_mu": q_mu, "q_sqrt": q_sqrt}
-        if trainable:
-            def loss(hyper):
-                return -pg_bound(family, constrained({**new, "hyper": hyper}), Xb, yb, N)
+    if trainable:
+        def update(state, inputs):
+            batch_idx, rho = inputs
+            Xb, yb = X_j[batch_idx], y_j[batch_idx]
+            features, pullback = jax.vjp(lambda hyper: pg_features(family, constrained({**state, "hyper": hyper}), Xb),
+                                         state["hyper"])
+            q_mu, q_sqrt, bound = natural_update(features, yb, state["q_mu"], state["q_sqrt"], scale=scale, rho=rho, whiten=whiten)
+            # Adam on the hyperparameters at the new q(u), c at its optimum (held constant: envelope theorem)
+            feature_grads = jax.grad(lambda f: -features_bound(f, yb, q_mu, q_sqrt, scale=scale, whiten=whiten))(features)
+            (grads,) = pullback(feature_grads)
+            updates, opt = optimizer.update(grads, state["opt"], state["hyper"])
+            return {"hyper": optax.apply_updates(state["hyper"], updates), "q_mu": q_mu, "q_sqrt": q_sqrt, "opt": opt}, bound
+    else:
+        cached = spec.num_inducing * N <= FEATURE_CACHE_ELEMENTS
+        all_features = jax.jit(lambda state: pg_features(family, constrained(state), X_j))(state) if cached else None
 
-            grads = jax.grad(loss)(new["hyper"])
-            updates, opt = optimizer.update(grads, new["opt"], new["hyper"])
-            new = {**new, "hyper": optax.apply_updates(new["hyper"], updates), "opt": opt}
-        new = jax.tree_util.tree_map(lambda a, b: jnp.where(on, a, b), new, state)  # padded steps: no-op
-        return new, bound
+        def update(state, inputs):
+            batch_idx, rho = inputs
+            if full_batch and cached:
+                features, yb = all_features, y_j
+            elif cached:
+                features, yb = all_features.columns(batch_idx), y_j[batch_idx]
+            else:
+                features, yb = pg_features(family, constrained(state), X_j[batch_idx]), y_j[batch_idx]
+            q_mu, q_sqrt, bound = natural_update(features, yb, state["q_mu"], state["q_sqrt"], scale=scale, rho=rho, whiten=whiten)
+            return {**state, "q_mu": q_mu, "q_sqrt": q_sqrt}, bound
 
-    run_chunk = jax.jit(lambda state, idx, rhos, active: jax.lax.scan(step, state, (idx, rhos, active)))
     jitter_at = jax.jit(lambda params: _jitter_used(family, params))
     batches = _BatchSchedule(N, B, seed)
-    diagnostics = {"jitter": float(spec.jitter), "jitter_events": [], "dtype": str(np.dtype(_float_dtype())),
+    dtype = np.dtype(_float_dtype())
+    diagnostics = {"jitter": float(spec.jitter), "jitter_events": [], "dtype": str(dtype),
                    "seconds": 0.0, "method": METHOD, "learn_hyperparameters": bool(learn_hyperparameters),
                    "trained_hyperparameters": sorted(trainable),
                    "hyper_learning_rate": None if callable(learning_rate) else float(learning_rate)}
@@ -273,35 +372,18 @@ def fit_pg_natgrad(
         if jitter > spec.jitter * 1.0001:
             diagnostics["jitter_events"].append({"step": at_step, "jitter": jitter})
 
-    record_jitter(0, state)
-    history, rhos_seen = [], []
-    chunk = max(1, min(chunk_size, steps))
-    bar = tqdm(total=steps, desc=f"fit {spec.name} (PG natural gradient)", disable=not progress, unit="step", leave=False)
+    program = ChunkProgram(
+        label=f"fit {spec.name} (PG natural gradient)", objective="Pólya–Gamma bound", update=update,
+        step_inputs=lambda step: (batches(step), np.asarray(rho_at(step), dtype)), rate_at=lambda step: float(rho_at(step)),
+        params_of=constrained,
+        config={"model": spec.name, "method": METHOD, "num_data": N, "batch_size": B, "seed": seed,
+                "trained_hyperparameters": sorted(trainable)},
+        hint="Try a smaller step_size or learning_rate, or a larger jitter.", after_chunk=record_jitter,
+    )
     t0 = time.perf_counter()
-    done = 0
-    try:
-        while done < steps:
-            k = min(chunk, steps - done)
-            idx = np.stack([batches(s) for s in range(done, done + k)] + [batches(done)] * (chunk - k))  # [chunk, B]
-            rhos = np.asarray([rho_at(s) for s in range(done, done + k)] + [1.0] * (chunk - k), dtype=np.dtype(_float_dtype()))
-            new_state, bounds = run_chunk(state, idx, rhos, np.arange(chunk) < k)
-            bounds = np.asarray(bounds)[:k]
-            if not np.all(np.isfinite(bounds)) or not all(np.all(np.isfinite(np.asarray(v))) for v in jax.tree_util.tree_leaves(new_state)):
-                bad = done + (int(np.argmin(np.isfinite(bounds))) if not np.all(np.isfinite(bounds)) else k)
-                raise TrainingError(
-                    f"the Pólya–Gamma bound became non-finite at step {bad} of {spec.name!r}. "
-                    "Try a smaller step_size or learning_rate, or a larger jitter.",
-                    step=bad,
-                )
-            state = new_state
-            history.extend(bounds.tolist())
-            rhos_seen.extend(rhos[:k].tolist())
-            done += k
-            record_jitter(done, state)
-            bar.update(k)
-            bar.set_postfix(bound=f"{history[-1]:.4g}")
-    finally:
-        bar.close()
+    state, history, rhos_seen = run_chunks(program, state, steps=steps, chunk_size=chunk_size, checkpoint_dir=checkpoint_dir,
+                                           checkpoint_every=checkpoint_every, resume=resume, progress=progress,
+                                           diagnostics=diagnostics)
     diagnostics["seconds"] = time.perf_counter() - t0
     diagnostics["steps"] = steps
     params = {n: np.asarray(v) for n, v in constrained(state).items()}

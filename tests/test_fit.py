@@ -1,6 +1,8 @@
 """The training loop: checkpoints and resume, the NaN guard, jitter retries, input errors."""
 
 import json
+import signal
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -168,3 +170,82 @@ def test_progress_bar_and_history(data, spec, capsys):
     assert res.elbo_history.shape == (30,) and res.learning_rate_history.shape == (30,)
     np.testing.assert_allclose(res.learning_rate_history[[0, -1]], [0.05, 0.05 - 0.04 * 29 / 30])
     json.dumps(res.diagnostics)  # diagnostics are plain JSON-able values
+
+
+def test_nan_parameters_after_the_last_step_are_caught(tmp_path, data, spec):
+    """The final update writes NaN parameters (no later loss shows it): the state check stops the fit."""
+    X, y = data
+    with pytest.raises(TrainingError) as info:
+        fit(spec, X, y, steps=13, optimizer=_nan_after(12), checkpoint_dir=tmp_path / "ck", progress=False)
+    assert info.value.step == 13 and "parameters became non-finite" in str(info.value)
+    config, params, _, _ = load_checkpoint(tmp_path / "ck")
+    assert config["step"] == 12 and all(np.all(np.isfinite(v)) for v in params.values())
+
+
+class _InterruptingBar:
+    """A stand-in progress bar that sends this process SIGINT (Ctrl-C) at its ``after``-th update."""
+
+    def __init__(self, after, *args, **kwargs):
+        self.after, self.updates = after, 0
+
+    def update(self, n):
+        self.updates += 1
+        if self.updates == self.after:
+            signal.raise_signal(signal.SIGINT)
+
+    def set_postfix(self, *args, **kwargs):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_ctrl_c_checkpoints_the_last_completed_chunk_and_resume_reproduces(tmp_path, data, spec, monkeypatch):
+    X, y = data
+    kw = dict(batch_size=20, seed=5, progress=False, checkpoint_every=100, chunk_size=6)
+    full = fit(spec, X, y, steps=30, **kw)
+    fit_module = sys.modules["inference.fit"]  # `inference.fit` names the function
+    monkeypatch.setattr(fit_module, "tqdm", lambda *a, **k: _InterruptingBar(2, *a, **k))
+    with pytest.raises(KeyboardInterrupt):
+        fit(spec, X, y, steps=30, checkpoint_dir=tmp_path / "ck", **kw)
+    config, _, _, history = load_checkpoint(tmp_path / "ck")
+    assert config["step"] == 12 and history["elbo"].shape == (12,)  # two chunks of 6 were complete
+    monkeypatch.undo()
+    resumed = fit(spec, X, y, steps=30, checkpoint_dir=tmp_path / "ck", resume=True, **kw)
+    _same_params(full.params, resumed.params)
+    np.testing.assert_array_equal(full.elbo_history, resumed.elbo_history)
+
+
+def test_ctrl_c_during_a_checkpoint_write_waits_for_the_write(tmp_path, monkeypatch):
+    """SIGINT while the first of four files is written: all four are written, then KeyboardInterrupt."""
+    import inference.checkpoint as ck
+
+    write = ck._atomic_write
+    calls = []
+
+    def interrupted_write(path, fn):
+        calls.append(path.name)
+        if len(calls) == 1:
+            signal.raise_signal(signal.SIGINT)
+        write(path, fn)
+
+    monkeypatch.setattr(ck, "_atomic_write", interrupted_write)
+    state = {"a": np.arange(3.0)}
+    with pytest.raises(KeyboardInterrupt):
+        ck.save_checkpoint(tmp_path, params={"p": np.ones(2)}, state=state, history={"elbo": np.zeros(4)},
+                           config={"model": "m", "step": 4})
+    assert calls == ["params.npz", "state.npz", "history.npz", "config.json"]
+    config, params, restored, _ = ck.load_checkpoint(tmp_path, state_template=state)
+    assert config["step"] == 4 and np.array_equal(restored["a"], state["a"]) and set(params) == {"p"}
+
+
+def test_checkpoint_files_from_different_steps_are_refused(tmp_path):
+    """A set mixed by a write cut short (e.g. a killed process) is detected, not resumed from."""
+    from inference.checkpoint import save_checkpoint
+
+    for step in (4, 8):
+        save_checkpoint(tmp_path / str(step), params={"p": np.full(2, step)}, state={"a": np.arange(3.0) * step},
+                        history={"elbo": np.zeros(step)}, config={"model": "m", "step": step})
+    (tmp_path / "8" / "state.npz").write_bytes((tmp_path / "4" / "state.npz").read_bytes())
+    with pytest.raises(CheckpointError, match="inconsistent"):
+        load_checkpoint(tmp_path / "8")

@@ -2,7 +2,9 @@
 
 The maths stated as tests: the CAVI fixed point is the optimum of the PG bound (seed 001 eq. 23)
 that Adam reaches on the same bound; CAVI never decreases the bound; minibatched natural
-gradients with Robbins–Monro steps reach the same optimum; the zoo model fits two-moons.
+gradients with Robbins–Monro steps reach the same optimum; the zoo model fits two-moons. The
+fit runs on the shared chunk runner (checkpoints, resume, NaN guard) and, with fixed
+hyperparameters, on features computed once: both are checked against step-by-step references.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from numpyro.distributions import biject_to, constraints
 
 from analysis import datasets
 from inference import evaluate_elbo, fit, predict
-from inference.pg_natgrad import fit_pg_natgrad, pg_bound, robbins_monro
+from inference.checkpoint import load_checkpoint
+from inference.pg_natgrad import fit_pg_natgrad, natural_step, pg_bound, robbins_monro
 from models import zoo
-from models.errors import DataError, InvalidArgumentError
+from models.errors import CheckpointError, DataError, InvalidArgumentError, TrainingError
 
 
 @pytest.fixture(scope="module")
@@ -149,5 +152,105 @@ def test_bad_labels_and_specs_raise_typed_errors(data):
         robbins_monro(kappa=0.4)
     assert info.value.argument == "kappa"
     with pytest.raises(InvalidArgumentError) as info:
-        fit(spec, X, y, steps=1, checkpoint_dir="somewhere", progress=False)
-    assert info.value.argument == "checkpoint_dir"
+        fit(spec, X, y, steps=1, resume=True, progress=False)
+    assert info.value.argument == "resume"
+
+
+# ----------------------------------------------------------------------------- the shared chunk runner
+@pytest.mark.parametrize("trained", [False, True], ids=["fixed-full-batch", "trained-minibatch"])
+def test_checkpointed_resume_reproduces_the_uninterrupted_run(tmp_path, data, trained):
+    """Fewer steps with checkpoints, then resume to the full count: bit-identical to one run (ρ_t, batches, Adam state)."""
+    X, y = data
+    spec = zoo.get("svgp-logistic-pg", input_dim=2, num_inducing=6, learn_hyperparameters=trained)
+    kw = dict(batch_size=20 if trained else None, seed=2, progress=False, checkpoint_every=4, chunk_size=3)
+    full = fit(spec, X, y, steps=14, **kw)
+    fit(spec, X, y, steps=9, checkpoint_dir=tmp_path / "ck", **kw)
+    config, _, _, history = load_checkpoint(tmp_path / "ck")
+    assert config["step"] == 9 and config["method"] == "svgp-logistic-pg" and history["elbo"].shape == (9,)
+    resumed = fit(spec, X, y, steps=14, checkpoint_dir=tmp_path / "ck", resume=True, **kw)
+    assert full.params.keys() == resumed.params.keys()
+    for name in full.params:
+        np.testing.assert_array_equal(full.params[name], resumed.params[name], err_msg=name)
+    np.testing.assert_array_equal(full.elbo_history, resumed.elbo_history)
+    np.testing.assert_array_equal(full.learning_rate_history, resumed.learning_rate_history)
+    if trained:
+        assert not np.allclose(resumed.params["kernel.lengthscale"], 1.0)
+        assert not np.allclose(resumed.learning_rate_history, 1.0)  # Robbins–Monro ρ_t carried across the resume
+    # an SVI checkpoint of the same model name is refused
+    svi_spec = zoo.get("svgp-rbf", input_dim=2, task="binary", num_inducing=6).replace(name="svgp-logistic-pg")
+    with pytest.raises(CheckpointError, match="method"):
+        fit(svi_spec, X, y, steps=20, checkpoint_dir=tmp_path / "ck", resume=True, progress=False)
+
+
+def test_nan_guard_stops_the_pg_path_at_the_first_bad_step(tmp_path, data):
+    """A step size that turns NaN at step 7 poisons q(u) after 8 steps: stop at step 8, checkpoint 7."""
+    X, y = data
+    spec = zoo.get("svgp-logistic-pg", input_dim=2, num_inducing=6, learn_hyperparameters=False)
+    with pytest.raises(TrainingError) as info:
+        fit_pg_natgrad(spec, X, y, steps=20, step_size=lambda t: 1.0 if t < 7 else float("nan"), chunk_size=5,
+                       checkpoint_dir=tmp_path / "ck", progress=False)
+    assert info.value.step == 8 and "step 8" in str(info.value) and "step 7" in str(info.value)
+    config, params, _, history = load_checkpoint(tmp_path / "ck")
+    assert config["step"] == 7 and history["elbo"].shape == (7,)
+    assert all(np.all(np.isfinite(v)) for v in params.values()) and np.all(np.isfinite(history["elbo"]))
+
+
+# ----------------------------------------------------------------------------- the fixed-feature fast path
+def test_fast_path_equals_natural_steps_on_recomputed_features(data, monkeypatch):
+    """Features computed once (cached, all N; or per batch when M·N is over the cache limit) give the same fit
+    as ``natural_step``, which recomputes Kuu, its Cholesky and Kuf at every step."""
+    import inference.pg_natgrad as pg
+
+    X, y = data
+    spec = zoo.get("svgp-logistic-pg", input_dim=2, num_inducing=6, learn_hyperparameters=False, whiten=False)
+    rho = robbins_monro()
+    res = fit_pg_natgrad(spec, X, y, steps=12, batch_size=15, step_size=rho, seed=4, progress=False)
+    from inference.fit import _BatchSchedule
+
+    params = {k: jnp.asarray(v) for k, v in res.params.items()}
+    params["q_mu"], params["q_sqrt"] = jnp.zeros((1, 6)), res.family._init_unwhitened_sqrt()  # the prior
+    batches, Xj, yj = _BatchSchedule(60, 15, 4), jnp.asarray(X), jnp.asarray(y)
+    bounds = []
+    for t in range(12):
+        idx = batches(t)
+        q_mu, q_sqrt, bound = pg.natural_step(res.family, params, Xj[idx], yj[idx], 60, rho(t))
+        params = {**params, "q_mu": q_mu, "q_sqrt": q_sqrt}
+        bounds.append(float(bound))
+    np.testing.assert_allclose(res.params["q_mu"], params["q_mu"], rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(res.params["q_sqrt"], params["q_sqrt"], rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(res.elbo_history, bounds, rtol=1e-10)
+    monkeypatch.setattr(pg, "FEATURE_CACHE_ELEMENTS", 0)
+    uncached = fit_pg_natgrad(spec, X, y, steps=12, batch_size=15, step_size=rho, seed=4, progress=False)
+    np.testing.assert_allclose(uncached.params["q_sqrt"], res.params["q_sqrt"], rtol=1e-9, atol=1e-10)
+
+
+def test_shared_feature_gradient_equals_the_gradient_of_the_bound(data):
+    """With hyperparameters trained, the Adam step uses the gradient pulled back through the features the
+    natural step used (one evaluation); it equals jax.grad of pg_bound at the new q(u)."""
+    X, y = data
+    spec = zoo.get("svgp-logistic-pg", input_dim=2, num_inducing=6)
+    res = fit_pg_natgrad(spec, X, y, steps=3, learning_rate=0.05, progress=False)
+    family = res.family
+    sites = ("kernel.lengthscale", "kernel.variance", "inducing.Z")
+    to_unc = {n: biject_to(constraints.positive if n.startswith("kernel") else constraints.real) for n in sites}
+    params = {n: jnp.asarray(v) for n, v in res.params.items()}
+    params["inducing.Z"] = jnp.asarray(res.inducing.Z)
+    params["kernel.lengthscale"], params["kernel.variance"] = jnp.asarray(1.0), jnp.asarray(1.0)
+    params["q_mu"], params["q_sqrt"] = jnp.zeros((1, 6)), jnp.eye(6)[None]
+    hyper = {n: to_unc[n].inv(params[n]) for n in sites}
+    opt = optax.adam(0.05)
+    opt_state = opt.init(hyper)
+    Xj, yj = jnp.asarray(X), jnp.asarray(y)
+    for _ in range(3):
+        current = {**params, **{n: to_unc[n](v) for n, v in hyper.items()}}
+        q_mu, q_sqrt, _ = natural_step(family, current, Xj, yj, 60, 1.0)
+
+        def loss(h):
+            return -pg_bound(family, {**current, **{n: to_unc[n](v) for n, v in h.items()}, "q_mu": q_mu, "q_sqrt": q_sqrt}, Xj, yj)
+
+        updates, opt_state = opt.update(jax.grad(loss)(hyper), opt_state, hyper)
+        hyper = optax.apply_updates(hyper, updates)
+        params = {**params, "q_mu": q_mu, "q_sqrt": q_sqrt}
+    for n in sites:
+        np.testing.assert_allclose(res.params[n], to_unc[n](hyper[n]), rtol=1e-9, atol=1e-12, err_msg=n)
+    np.testing.assert_allclose(res.params["q_sqrt"], params["q_sqrt"], rtol=1e-9, atol=1e-12)
