@@ -387,20 +387,31 @@ def _classification(name, X_train, y_train, X_test, y_test, num_classes, image_s
 # rectangles (seed 000 §3.1)
 
 _RECTANGLES = (
-    "28x28 outlines of random rectangles (width != height); label 1 if wider than tall "
-    "(seed 000 §3.1); 1,200 train / 1,000 test"
+    "28x28 outlines of random rectangles, |width - height| >= 3 as in Larochelle et al. (2007); label 1 if wider "
+    "than tall (seed 000 §3.1); 1,200 train / 1,000 test"
 )
 
 
-def _rectangle_images(rng: np.random.Generator, num: int, size: int, min_side: int):
+def _rectangle_sides(rng: np.random.Generator, num: int, size: int, min_side: int, min_difference: int):
+    """Heights and widths ``[num]`` x2, uniform over the side pairs in ``[min_side, size]`` whose
+    difference is at least ``min_difference`` (rejection sampling, as Larochelle et al. 2007 did)."""
+    heights, widths, have = [], [], 0
+    while have < num:
+        h, w = rng.integers(min_side, size + 1, (2, 2 * (num - have) + 8))  # [K] x2
+        keep = np.abs(w - h) >= min_difference
+        heights.append(h[keep]), widths.append(w[keep])
+        have += int(keep.sum())
+    return np.concatenate(heights)[:num], np.concatenate(widths)[:num]
+
+
+def _rectangle_images(rng: np.random.Generator, num: int, size: int, min_side: int, min_difference: int):
     """``num`` outline images ``[num, size*size]`` (bool) and labels ``[num]`` (width > height).
 
     Height and width are uniform over the pairs of side lengths in ``[min_side, size]`` with
-    width != height; the top-left corner is uniform over the positions where the rectangle fits.
+    |width − height| ≥ ``min_difference``; the top-left corner is uniform over the positions where
+    the rectangle fits.
     """
-    height = rng.integers(min_side, size + 1, num)  # [num]
-    width = rng.integers(min_side, size, num)  # [num], one value fewer ...
-    width = width + (width >= height)  # ... then skip width == height: uniform over the pairs
+    height, width = _rectangle_sides(rng, num, size, min_side, min_difference)  # [num] x2
     top = rng.integers(0, size - height + 1)  # [num]
     left = rng.integers(0, size - width + 1)  # [num]
     bottom, right = top + height - 1, left + width - 1
@@ -415,17 +426,26 @@ def _rectangle_images(rng: np.random.Generator, num: int, size: int, min_side: i
 
 @_register("rectangles", _RECTANGLES)
 def _load_rectangles(
-    *, seed: int, num_train: int = 1200, num_test: int = 1000, image_size: int = 28, min_side: int = 3
+    *, seed: int, num_train: int = 1200, num_test: int = 1000, image_size: int = 28, min_side: int = 3,
+    min_difference: int = 3,
 ):
+    """The rectangles task of seed 000 §3.1, generated like the data set it used (Larochelle et al.
+    2007, "An empirical evaluation of deep architectures on problems with many factors of
+    variation"): side pairs closer than ``min_difference`` pixels are rejected, so no rectangle is
+    nearly square; ``min_difference=1`` keeps every pair with width ≠ height (a harder task)."""
     num_train = _check_int(num_train, "num_train")
     num_test = _check_int(num_test, "num_test")
     image_size = _check_int(image_size, "image_size", minimum=3)
     min_side = _check_int(min_side, "min_side", minimum=1)
+    min_difference = _check_int(min_difference, "min_difference", minimum=1)
     if min_side >= image_size:
         raise InvalidArgumentError("min_side", f"must be smaller than image_size={image_size}, got {min_side}")
+    if min_difference > image_size - min_side:
+        raise InvalidArgumentError("min_difference", f"must be at most image_size - min_side = {image_size - min_side}, "
+                                                     f"got {min_difference}")
     train_rng, test_rng = _streams(seed)
-    X_train, y_train = _rectangle_images(train_rng, num_train, image_size, min_side)
-    X_test, y_test = _rectangle_images(test_rng, num_test, image_size, min_side)
+    X_train, y_train = _rectangle_images(train_rng, num_train, image_size, min_side, min_difference)
+    X_test, y_test = _rectangle_images(test_rng, num_test, image_size, min_side, min_difference)
     image_shape = (image_size, image_size)
     return _classification(
         "rectangles", X_train.astype(np.float64), y_train, X_test.astype(np.float64), y_test, 2, image_shape, _RECTANGLES

@@ -171,7 +171,8 @@ def run_experiment(name: str, args) -> dict:
         "date": now(),
         "machine": machine_info(),
         "settings": {
-            "dataset": config["dataset"], "patch_shape": list(config["patch_shape"]), "steps": steps,
+            "dataset": config["dataset"], "dataset_description": data.description, "patch_shape": list(config["patch_shape"]),
+            "steps": steps,
             "paper_steps": config["steps"], "batch_size": args.batch_size, "learning_rate": args.learning_rate,
             "optimizer": "adam", "seed": args.seed, "num_train": int(X_train.shape[0]), "num_test": int(X_test.shape[0]),
             "full_num_train": int(data.X_train.shape[0]), "full_num_test": int(data.X_test.shape[0]),

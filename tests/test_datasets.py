@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy import stats
 
 from analysis import datasets
 from models.errors import DataError, InvalidArgumentError, ShapeError
@@ -151,7 +152,7 @@ def test_rectangles_outline_and_label_recomputed_from_pixels(loaded):
     top, bottom = rows.argmax(1), 27 - rows[:, ::-1].argmax(1)
     left, right = cols.argmax(1), 27 - cols[:, ::-1].argmax(1)
     height, width = bottom - top + 1, right - left + 1
-    assert np.all(width != height) and np.all(np.minimum(width, height) >= 3)
+    assert np.all(np.abs(width - height) >= 3) and np.all(np.minimum(width, height) >= 3)
     np.testing.assert_array_equal(ds.y_train, (width > height).astype(int))
     # exactly the 1-pixel border of that bounding box
     for i in range(0, 1200, 97):
@@ -162,6 +163,21 @@ def test_rectangles_outline_and_label_recomputed_from_pixels(loaded):
     assert images.sum((1, 2)).tolist() == (2 * width + 2 * height - 4).tolist()
     assert 0.45 < ds.y_train.mean() < 0.55
     assert len({row.tobytes() for row in ds.X_train}) > 1100  # genuinely varied
+
+
+def test_rectangles_side_pairs_are_uniform_over_the_allowed_pairs():
+    """min_difference=1 allows every pair with w ≠ h, the default rejects |w − h| < 3; each allowed pair is equally likely."""
+    for min_difference in (1, 3):
+        ds = datasets.load("rectangles", num_train=20_000, num_test=1, image_size=8, min_side=2, min_difference=min_difference)
+        images = ds.images("train") > 0.5
+        height, width = images.any(axis=2).sum(1), images.any(axis=1).sum(1)  # outlines fill their bounding box's rows/cols
+        pairs = [(h, w) for h in range(2, 9) for w in range(2, 9) if abs(h - w) >= min_difference]
+        counts = np.array([np.sum((height == h) & (width == w)) for h, w in pairs])
+        assert counts.sum() == 20_000
+        assert stats.chisquare(counts).pvalue > 1e-3, counts
+    with pytest.raises(InvalidArgumentError) as info:
+        datasets.load("rectangles", image_size=8, min_side=2, min_difference=7)
+    assert info.value.argument == "min_difference"
 
 
 def test_rectangles_sizes_and_test_set_independent_of_num_train():
