@@ -39,9 +39,13 @@ sampled kernel is paired with
     ``spec.options.get("pg_recognition_hidden", (32, 32))`` whose weights are ``numpyro.param``
     sites ``pg_recognition.*`` trained jointly with q(u) and θ by the ELBO. c does not depend
     on the orbit samples, so no second estimate is needed.
-  - ``"free"``: one free c_n per training point is *not* offered: the family's model receives
-    only the minibatch rows (``model(X, y, num_data)``), not their indices in the training set,
-    so it cannot tell which c_n belongs to a row; asking for it raises ``InvalidArgumentError``.
+  - ``"free"``: one free c_n > 0 per training point, the ``numpyro.param`` site ``pg_free_c``
+    ``[N]`` (positive constraint, initial 1), trained with q(u) and θ by the ELBO. The family sets
+    ``needs_data_indices``, so ``fit`` passes each minibatch's rows in the training set
+    (``data_indices``) and the model reads c at those rows; ``evaluate_elbo`` passes all rows of
+    the training data. Like the recognition network's, these c do not depend on the orbit
+    samples. On data other than the training set no c_n exists and the closed-form tilt is used
+    (any c gives a valid bound).
 
 Any other likelihood raises ``InvalidArgumentError`` naming ``likelihood``.
 """
@@ -72,6 +76,7 @@ __all__ = [
     "BaseInducingPoints",
     "DEFAULT_PREDICTION_ROUNDS",
     "DEFAULT_RECOGNITION_HIDDEN",
+    "FREE_C_SITE",
     "InvariantSVGP",
     "MomentEstimates",
     "PG_C_CHOICES",
@@ -82,11 +87,13 @@ __all__ = [
 #: Independent sample sets averaged by ``latent_moments`` (prediction): S·rounds samples per input.
 DEFAULT_PREDICTION_ROUNDS = 16
 #: Values of ``spec.options["pg_c"]``: how the tilt c_n of q(ω_n) = PG(1, c_n) is chosen (module docstring).
-PG_C_CHOICES = ("closed-form", "recognition")
+PG_C_CHOICES = ("closed-form", "recognition", "free")
 #: Hidden-layer widths of the recognition network (x_n, y_n) -> c_n.
 DEFAULT_RECOGNITION_HIDDEN = (32, 32)
 #: Prefix of the recognition network's ``numpyro.param`` sites.
 RECOGNITION_SITE = "pg_recognition"
+#: ``numpyro.param`` site of the free per-datum tilts ``[N]`` (``pg_c="free"``).
+FREE_C_SITE = "pg_free_c"
 
 
 @pytree_dataclass
@@ -153,6 +160,27 @@ class InvariantSVGP(SVGP):
             )
         self.pg_c, self.recognition_hidden = _pg_c_options(spec)
 
+    @property
+    def needs_data_indices(self) -> bool:
+        """Free per-datum tilts are read at the batch's training-set rows, which ``fit`` then passes."""
+        return self.pg_c == "free"
+
+    # ------------------------------------------------------------------ NumPyro program
+    def model(self, X, y, num_data=None, data_indices=None):
+        """:meth:`SVGP.model`, with ``data_indices`` ``[B]``: the batch's rows in the training set (free tilts)."""
+        if data_indices is None:
+            return super().model(X, y, num_data)
+        parts = self.parts()
+        numpyro.deterministic("jitter", parts.jitter)
+        numpyro.sample("u", self.prior(parts))
+        batch = X.shape[0]
+        with numpyro.plate("data", num_data or batch, subsample_size=batch):
+            numpyro.factor("ell", self.expected_log_lik(parts, X, y, data_indices=data_indices, num_data=num_data or batch))
+
+    def guide(self, X, y, num_data=None, data_indices=None):
+        """:meth:`SVGP.guide` (the free tilts are params of the model, so the rows are not needed here)."""
+        return super().guide(X, y, num_data)
+
     # ------------------------------------------------------------------ estimators
     def moment_estimates(self, parts: Parts, X, key) -> MomentEstimates:
         """One draw of the unbiased estimates of μ_n, E[f_n²], σ_n² from S orbit samples."""
@@ -182,8 +210,11 @@ class InvariantSVGP(SVGP):
         """Sampled orbits make the expected log-likelihood an unbiased Monte Carlo estimate."""
         return bool(self.spec.kernel.is_sampled) or super().stochastic_expectation
 
-    def expected_log_lik(self, parts: Parts, X, y, key=None):
-        """Unbiased estimate of E_q(f_n)[log p(y_n|f_n)] (Gaussian, eq. 15) or of the PG bound (eq. 23), ``[N]``."""
+    def expected_log_lik(self, parts: Parts, X, y, key=None, data_indices=None, num_data=None):
+        """Unbiased estimate of E_q(f_n)[log p(y_n|f_n)] (Gaussian, eq. 15) or of the PG bound (eq. 23), ``[N]``.
+
+        ``data_indices`` ``[N]`` (rows of X in a training set of ``num_data`` points) select free tilts.
+        """
         if not parts.kernel.is_sampled:
             return super().expected_log_lik(parts, X, y, key)
         key = _key(key)
@@ -192,16 +223,24 @@ class InvariantSVGP(SVGP):
         if parts.likelihood.linear_in_moments:
             # (y − μ̂)² + (Ê[f²] − μ̂²) = y² − 2yμ̂ + Ê[f²]: linear in the estimates, hence unbiased
             return parts.likelihood.variational_expectation(y, est.mean, est.second_moment - est.mean**2)
-        c = self.pg_tilt(parts, X, y, key_c)  # [N]
+        c = self.pg_tilt(parts, X, y, key_c, data_indices, num_data)  # [N]
         return pg_logistic_bound(y, est.mean[:, 0], est.second_moment[:, 0], c)  # [N]
 
-    def pg_tilt(self, parts: Parts, X, y, key):
+    def pg_tilt(self, parts: Parts, X, y, key, data_indices=None, num_data=None):
         """c_n of q(ω_n) = PG(1, c_n) ``[N]`` for the PG bound (seed 001 eq. 23, §4.5), per ``spec.options["pg_c"]``.
 
         ``"closed-form"``: √Ê[f_n²] from an orbit-sample draw made with ``key`` (independent of the
         draw the bound is evaluated with), without gradient. ``"recognition"``: the network's
-        output at (x_n, y_n) (``key`` unused); call inside a NumPyro model (its weights are params).
+        output at (x_n, y_n) (``key`` unused). ``"free"``: the param ``pg_free_c`` ``[num_data]``
+        at rows ``data_indices`` ``[N]``; without rows (data outside the training set), the closed
+        form. Call the last two inside a NumPyro model (their values are params).
         """
+        if self.pg_c == "free" and data_indices is not None:
+            if num_data is None:
+                raise InvalidArgumentError("num_data", "free tilts need the training-set size with data_indices")
+            c_all = numpyro.param(FREE_C_SITE, jnp.ones((num_data,), jnp.result_type(X, float)),
+                                  constraint=constraints.positive)  # [num_data]
+            return c_all[data_indices]  # [N]
         if self.pg_c == "recognition":
             return recognition_c(self.recognition_params(X.shape[1], jnp.result_type(X, float)), X, y)
         c_est = self.moment_estimates(parts, X, key)  # independent draw: c is fixed given it
@@ -269,10 +308,6 @@ def _pg_c_options(spec) -> tuple[str, tuple[int, ...]]:
     """``spec.options["pg_c"]`` (default "closed-form") and the recognition widths, checked."""
     options = spec.options or {}
     choice = options.get("pg_c", "closed-form")
-    if choice == "free":
-        raise InvalidArgumentError(
-            "pg_c", "free per-datum c_n are not supported: the model receives minibatch rows without their indices in the "
-            f"training set, so it cannot tell which c_n belongs to a row; choose one of {PG_C_CHOICES}")
     if choice not in PG_C_CHOICES:
         raise InvalidArgumentError("pg_c", f"must be one of {PG_C_CHOICES}, got {choice!r}")
     uses_pg = spec.kernel.is_sampled and isinstance(spec.likelihood, Bernoulli)

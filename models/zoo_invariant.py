@@ -16,9 +16,9 @@ Sampled kernels accept only a Gaussian likelihood or the Pólya–Gamma bound fo
 on one output as in the seed's §5.2 only when the user passes one.
 
 Binary tasks with a sampled kernel use the Pólya–Gamma bound; ``pg_c`` picks the tilt of
-q(ω_n) = PG(1, c_n): ``"closed-form"`` (c_n = √Ê[f_n²], default) or ``"recognition"`` (an MLP of
-(x_n, y_n) with hidden widths ``pg_recognition_hidden``, seed 001 §4.5); see
-:mod:`inference.invariant`.
+q(ω_n) = PG(1, c_n): ``"closed-form"`` (c_n = √Ê[f_n²], default), ``"recognition"`` (an MLP of
+(x_n, y_n) with hidden widths ``pg_recognition_hidden``, seed 001 §4.5) or ``"free"`` (one
+learned c_n per training point); see :mod:`inference.invariant`.
 
 Defaults: SE base kernel with lengthscale max(1, √D/2) on images (1 on tables); base variance
 1 for augmentation densities (k_f is an average) and 1/|G|² for finite sums (k_f(x, x) then
