@@ -219,8 +219,9 @@ def _fit_svi(spec, X, y, *, steps, batch_size, seed, learning_rate, optimizer, i
         state = svi.init(key_svi, X_j[init_idx], y_j[init_idx], num_data=N, **_index_kwargs(family, init_idx))
     family.check_analytic_kl()
 
-    def update(state, batch_idx):
-        new_state, loss = svi.update(state, X_j[batch_idx], y_j[batch_idx], num_data=N, **_index_kwargs(family, batch_idx))
+    def update(state, batch_idx, data):
+        X_all, y_all = data
+        new_state, loss = svi.update(state, X_all[batch_idx], y_all[batch_idx], num_data=N, **_index_kwargs(family, batch_idx))
         return new_state, -loss
 
     get_params = jax.jit(svi.get_params)
@@ -233,7 +234,7 @@ def _fit_svi(spec, X, y, *, steps, batch_size, seed, learning_rate, optimizer, i
             diagnostics["jitter_events"].append({"step": step, "jitter": jitter})
 
     program = ChunkProgram(
-        label=f"fit {spec.name}", objective="ELBO", update=update, step_inputs=batches,
+        label=f"fit {spec.name}", objective="ELBO", update=update, step_inputs=batches, constants=(X_j, y_j),
         rate_at=lambda step: float(schedule(step)), params_of=get_params,
         config={"model": spec.name, "method": "svi", "num_data": N, "batch_size": B, "seed": seed},
         hint="Try a smaller learning_rate or larger jitter.", after_chunk=record_jitter,
@@ -275,10 +276,12 @@ def check_run_arguments(num_data: int, steps, batch_size, checkpoint_dir, resume
 class ChunkProgram:
     """A fitting method as :func:`run_chunks` drives it.
 
-    ``update(state, inputs) -> (state, objective)`` is one step: ``inputs`` are that step's
-    ``step_inputs(step)`` (a pytree of arrays, e.g. its minibatch indices) and ``objective`` the
-    value being maximised at the *incoming* state (ELBO, PG bound), so the objective of step t
-    belongs to the parameters after t updates. ``rate_at(step)`` is what ``learning_rate_history``
+    ``update(state, inputs, constants) -> (state, objective)`` is one step: ``inputs`` are that
+    step's ``step_inputs(step)`` (a pytree of arrays, e.g. its minibatch indices), ``constants``
+    the arrays every step reads (the data, precomputed features; passed to the compiled chunk as
+    arguments rather than baked into it, and not checkpointed), and ``objective`` the value being
+    maximised at the *incoming* state (ELBO, PG bound), so the objective of step t belongs to the
+    parameters after t updates. ``rate_at(step)`` is what ``learning_rate_history``
     records; ``params_of(state)`` the constrained parameters a checkpoint stores; ``config`` names
     the run (``model``, ``method``, ``num_data``, ``batch_size``, ``seed``; the first four must
     match to resume). ``after_chunk(step, state)`` runs after every completed chunk (e.g. to
@@ -287,11 +290,12 @@ class ChunkProgram:
 
     label: str
     objective: str
-    update: Callable[[Any, Any], tuple[Any, jax.Array]]
+    update: Callable[[Any, Any, Any], tuple[Any, jax.Array]]
     step_inputs: Callable[[int], Any]
     rate_at: Callable[[int], float]
     params_of: Callable[[Any], dict]
     config: dict
+    constants: Any = None
     hint: str = ""
     after_chunk: Callable[[int, Any], None] | None = None
 
@@ -337,10 +341,10 @@ def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, che
     elif program.after_chunk is not None:
         program.after_chunk(start, state)
 
-    def run_chunk(state, inputs, active):  # inputs: [K, ...] per step, active [K]: padded steps are no-ops
+    def run_chunk(state, inputs, active, constants):  # inputs: [K, ...] per step, active [K]: padded steps are no-ops
         def body(state, step):
             step_inputs, on = step
-            new_state, objective = program.update(state, step_inputs)
+            new_state, objective = program.update(state, step_inputs, constants)
             new_state = jax.tree_util.tree_map(lambda a, b: jnp.where(on, a, b), new_state, state)
             return new_state, (objective, _finite(new_state))
 
@@ -352,7 +356,7 @@ def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, che
     def chunk_inputs(first: int, count: int):
         per_step = [program.step_inputs(s) for s in range(first, first + count)]
         per_step += [per_step[0]] * (chunk - count)
-        return jax.tree_util.tree_map(lambda *xs: np.stack(xs), *per_step), np.arange(chunk) < count
+        return jax.tree_util.tree_map(lambda *xs: np.stack(xs), *per_step), np.arange(chunk) < count, program.constants
 
     def checkpoint(step, state):
         save_checkpoint(
@@ -370,8 +374,7 @@ def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, che
         while committed[0] < steps:
             step, state = committed
             k = min(chunk, steps - step, checkpoint_every - step % checkpoint_every)
-            inputs, active = chunk_inputs(step, k)
-            new_state, (objective, finite) = run_chunk(state, inputs, active)
+            new_state, (objective, finite) = run_chunk(state, *chunk_inputs(step, k))
             objective, finite = np.asarray(objective)[:k], np.asarray(finite)[:k]
             if not (np.all(np.isfinite(objective)) and np.all(finite)):
                 # objective[j] is that of the state after step+j updates, finite[j] is about the one after step+j+1
