@@ -4,6 +4,8 @@ Brute-force references extract patches with explicit Python loops and sum base-k
 one pair at a time, independently of the library's stream/patch machinery.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,6 +27,7 @@ from models.kernels.convolutional import (
     WeightedConvolutional,
     extract_patches,
     patch_gram_sum,
+    se_patch_cross_sum,
     se_patch_gram_sum,
 )
 
@@ -138,18 +141,23 @@ def test_extract_patches_matches_loops(rng):
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("products", ["conv", "matmul"])
-def test_conv_kernel_equals_brute_force_sums(rng, products):
+#: The Kuf paths: the fused SE custom gradient, and autodiff with either patch-product strategy.
+KUF_PATHS = [dict(kuf_method="fused"), dict(kuf_method="autodiff", products="conv"), dict(kuf_method="autodiff", products="matmul")]
+KUF_IDS = ["fused", "autodiff-conv", "autodiff-matmul"]
+
+
+@pytest.mark.parametrize("kuf", KUF_PATHS, ids=KUF_IDS)
+def test_conv_kernel_equals_brute_force_sums(rng, kuf):
     """Kuu, Kuf and the Kff diagonal of seed 000 eq. 14–16 (and 18–19) against explicit sums."""
     X, Z = _data(rng, GREY, GREY_PATCH)
-    kern = Convolutional(_base(), GREY, GREY_PATCH, products=products, normalisation="sum")
+    kern = Convolutional(_base(), GREY, GREY_PATCH, normalisation="sum", **kuf)
     P = kern.num_patches
     Kuu_, Kuf_, Kff = _brute(X, Z, GREY, GREY_PATCH, np.ones(P))
     np.testing.assert_allclose(Kuu(InducingPatches(jnp.asarray(Z)), kern), Kuu_, rtol=1e-10)
     np.testing.assert_allclose(Kuf(InducingPatches(jnp.asarray(Z)), kern, jnp.asarray(X)), Kuf_, rtol=1e-10)
     np.testing.assert_allclose(kern.K_diag(X), Kff, rtol=1e-10)
     weights = rng.normal(size=P)
-    wkern = WeightedConvolutional(_base(), GREY, GREY_PATCH, weights=weights, products=products, normalisation="sum")
+    wkern = WeightedConvolutional(_base(), GREY, GREY_PATCH, weights=weights, normalisation="sum", **kuf)
     _, wKuf, wKff = _brute(X, Z, GREY, GREY_PATCH, weights)
     np.testing.assert_allclose(wkern.Kzx(Z, X), wKuf, rtol=1e-10)
     np.testing.assert_allclose(wkern.K_diag(X), wKff, rtol=1e-10)
@@ -166,12 +174,12 @@ def test_mean_normalisation_is_gpflow_convention(rng):
     np.testing.assert_allclose(mean.K_diag(X), summed.K_diag(X) / P**2, rtol=1e-12)
 
 
-@pytest.mark.parametrize("products", ["conv", "matmul"])
-def test_colour_variants_equal_brute_force(rng, products):
+@pytest.mark.parametrize("kuf", KUF_PATHS, ids=KUF_IDS)
+def test_colour_variants_equal_brute_force(rng, kuf):
     X, Z = _data(rng, COLOUR, COLOUR_PATCH, N=2, M=3)
     C = COLOUR[2]
     Zgrey = Z[:, : COLOUR_PATCH[0] * COLOUR_PATCH[1]]
-    opts = dict(products=products, normalisation="sum")
+    opts = dict(normalisation="sum", **kuf)
     # colour patches (seed 000 §3.4), weighted
     k = WeightedConvolutional.create(_base(), COLOUR, COLOUR_PATCH, **opts)
     w = rng.normal(size=k.weights.shape)
@@ -282,15 +290,72 @@ def test_conv_plus_rbf_equals_sum_of_parts(rng):
 
 
 def test_conv_and_matmul_products_agree(rng):
-    """The two Kuf strategies (seed 000 App. A.2) agree, also with an ARD lengthscale over patch positions."""
+    """The two Kuf strategies (seed 000 App. A.2) and the fused SE path agree, also with an ARD
+    lengthscale over patch positions."""
     base = kernels.SquaredExponential(lengthscale=np.linspace(0.5, 1.5, 12), variance=VAR)
     X, Z = _data(rng, COLOUR, COLOUR_PATCH, N=5, M=6)
-    conv = Convolutional(base, COLOUR, COLOUR_PATCH, products="conv")
-    matmul = Convolutional(base, COLOUR, COLOUR_PATCH, products="matmul")
+    conv = Convolutional(base, COLOUR, COLOUR_PATCH, products="conv", kuf_method="autodiff")
+    matmul = Convolutional(base, COLOUR, COLOUR_PATCH, products="matmul", kuf_method="autodiff")
+    fused = Convolutional(base, COLOUR, COLOUR_PATCH, kuf_method="fused")
     np.testing.assert_allclose(conv.Kzx(Z, X), matmul.Kzx(Z, X), rtol=1e-12)
+    np.testing.assert_allclose(fused.Kzx(Z, X), matmul.Kzx(Z, X), rtol=1e-12)
     patches = np.stack([_loop_patches(_image(x, COLOUR), COLOUR_PATCH) for x in X])  # [N, P, E]
     want = np.einsum("npm->mn", np.array([[[_se(p, z, base.lengthscale) for z in Z] for p in pn] for pn in patches])) / conv.num_patches
     np.testing.assert_allclose(conv.Kzx(Z, X)[0], want, rtol=1e-10)
+
+
+# ----------------------------------------------------------------------------- Kuf gradients
+def _naive_cross(X, Z, ls, w):
+    """Σ_p w_p exp(−½‖(x_rp − z_m)/ℓ‖²) with explicit differences (plain autodiff reference): [R, M]."""
+    diff = (X[:, :, None, :] - Z[None, None]) / ls  # [R, P, M, E]
+    return jnp.einsum("p,rpm->rm", w, jnp.exp(-0.5 * jnp.sum(diff**2, -1)))
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 3, 7])  # 3 pads the last chunk of 7 rows
+def test_fused_kuf_gradients_for_every_subset_of_inputs(rng, chunk):
+    """se_patch_cross_sum (custom gradient, chunked backward pass) equals plain autodiff of the
+    explicit formula for each subset of (patches, inducing patches, lengthscale, weights), scalar
+    or ARD lengthscale."""
+    X = jnp.asarray(rng.normal(size=(7, 11, 4)))  # [R, P, E]
+    Z = jnp.asarray(rng.normal(size=(5, 4)))  # [M, E]
+    w = jnp.asarray(rng.normal(size=11))  # [P]
+    ct = jnp.asarray(rng.normal(size=(7, 5)))  # [R, M]
+
+    def naive(X, Z, ls, w):
+        return jnp.sum(ct * _naive_cross(X, Z, ls, w))
+
+    def fused(X, Z, ls, w):
+        return jnp.sum(ct * se_patch_cross_sum(X, Z, w, chunk, lengthscale=ls))
+
+    for ls in (jnp.float64(1.3), jnp.asarray(rng.uniform(0.5, 2.0, size=4))):
+        np.testing.assert_allclose(fused(X, Z, ls, w), naive(X, Z, ls, w), rtol=1e-12)
+        for argnums in [(0, 1, 2, 3), (1,), (2,), (3,), (0,), (1, 3)]:
+            got = jax.jit(jax.grad(fused, argnums=argnums))(X, Z, ls, w)
+            want = jax.grad(naive, argnums=argnums)(X, Z, ls, w)
+            for a, b in zip(got, want):
+                np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+    check_grads(jax.jit(lambda X, Z, w: se_patch_cross_sum(X, Z, w, 3)), (X, Z, w), order=1, modes=("rev",))
+
+
+def test_kuf_methods_agree_with_all_gradients(rng):
+    """fused and autodiff Kuf: same values and gradients w.r.t. every kernel hyperparameter
+    (weights, channel variances, lengthscale, variance), the inducing patches and the images,
+    for every kernel variant (one stream, separate channels, additive colour, multi-channel)."""
+    base = kernels.SquaredExponential(lengthscale=np.float64(LS), variance=np.float64(VAR))
+    for kern in _all_kernels(base):
+        X, _ = _data(rng, kern.image_shape, kern.patch_shape, N=4)
+        Z = jnp.asarray(rng.uniform(size=(3, kern.patch_dim)))
+        X = jnp.asarray(X)
+
+        def objective(k, Z, X):
+            return jnp.sum(jnp.sin(k.Kzx(Z, X)))
+
+        results = [jax.jit(jax.value_and_grad(objective, argnums=(0, 1, 2)))(dataclasses.replace(kern, kuf_method=m), Z, X)
+                   for m in ("fused", "autodiff")]
+        (v_fused, g_fused), (v_auto, g_auto) = results
+        np.testing.assert_allclose(v_fused, v_auto, rtol=1e-12)
+        for a, b in zip(jax.tree.leaves(g_fused), jax.tree.leaves(g_auto)):
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12, err_msg=type(kern).__name__)
 
 
 # ----------------------------------------------------------------------------- Kff diagonal gradients
@@ -359,11 +424,15 @@ def test_kff_methods_agree_with_hyperparameter_gradients(rng):
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
 
 
-def test_patch_gram_sum_rejects_fused_for_other_kernels(rng):
+def test_fused_paths_reject_other_base_kernels(rng):
     with pytest.raises(InvalidArgumentError, match="kff_method"):
         patch_gram_sum(kernels.Matern32(), jnp.ones((1, 3, 2)), jnp.ones((1, 3)), method="fused")
     with pytest.raises(InvalidArgumentError, match="kff_method"):
         Convolutional(kernels.Matern32(), GREY, GREY_PATCH, kff_method="fused")
+    with pytest.raises(InvalidArgumentError, match="kuf_method"):
+        Convolutional(kernels.Matern32(), GREY, GREY_PATCH, kuf_method="fused")
+    with pytest.raises(InvalidArgumentError, match="kuf_method"):
+        Convolutional(_base(), GREY, GREY_PATCH, kuf_method="einsum")
 
 
 # ----------------------------------------------------------------------------- initialisation and errors

@@ -30,7 +30,11 @@ Conventions, each in one place:
   (:class:`ConvolutionProducts` or :class:`MatmulProducts`, seed 000 App. A.2).
 
 Hot paths. Kuf for a stationary base kernel uses ‖x_p‖² − 2 x_p·z + ‖z‖² (seed 000 eq. A.5)
-with both inner products from the strategy (never an ``[N, P, M, E]`` broadcast). The Kff
+(never an ``[N, P, M, E]`` broadcast). For the SE base kernel it is :func:`se_patch_cross_sum`,
+a ``jax.custom_vjp``: matmul, exp and the weighted sum over patches in one fusion forward, and
+one chunked pass over K = exp(−½r²) for all gradients backward (no ``[N, P, M]`` array either
+way); other stationary kernels take both inner products from the strategy and plain autodiff
+(``kuf_method="autodiff"`` selects this path for SE too). The Kff
 diagonal Σ_pq w_p w_q k(x_p, x_q) needs N·P² base-kernel evaluations; for the SE base kernel it
 is :func:`se_patch_gram_sum`, a ``jax.custom_vjp`` whose forward pass under differentiation
 computes the value and the gradients that are needed in one sweep that visits each unordered
@@ -63,17 +67,20 @@ __all__ = [
     "ConvolutionalKernel",
     "ImageSum",
     "KFF_METHODS",
+    "KUF_METHODS",
     "MatmulProducts",
     "MultiChannelConvolutional",
     "WeightedConvolutional",
     "extract_patches",
     "patch_gram_sum",
     "patch_sqdist",
+    "se_patch_cross_sum",
     "se_patch_gram_sum",
 ]
 
 NORMALISATIONS = ("mean", "sum")
 KFF_METHODS = ("auto", "fused", "checkpoint", "naive")
+KUF_METHODS = ("auto", "fused", "autodiff")
 #: Target number of elements of one ``[R, block, P]`` tile of the Kff diagonal (see benchmarks/conv_kernels.py).
 KFF_TILE_ELEMENTS = 2**22
 _HIGHEST = jax.lax.Precision.HIGHEST  # distances by expansion need full-precision dots (no TF32 on GPUs)
@@ -158,6 +165,148 @@ def patch_sqdist(images, filters, lengthscale, products=ConvolutionProducts()):
     return jnp.maximum(x_sq - 2.0 * cross + z_sq, 0.0)  # [B, P, F]
 
 
+# ----------------------------------------------------------------------------- Kuf, SE base kernel
+#: Target number of elements of one ``[r, P, M]`` chunk of the fused Kuf backward pass (fits in L2).
+KUF_CHUNK_ELEMENTS = 2**18
+
+
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class _CrossNeeds:
+    """Which inputs of :func:`se_patch_cross_sum` the backward pass differentiates (static residual)."""
+
+    patches: bool
+    inducing: bool
+    lengthscale: bool
+    weights: bool
+
+
+def _augmented(patches, Z, inv_l2):
+    """Rows whose products are −½‖(x − z)/ℓ‖² (seed 000 eq. A.5 as one matmul):
+    [x, −½‖x‖²_a, 1] ``[R, P, E+2]`` and [a∘z, 1, −½‖z‖²_a] ``[M, E+2]``, a = 1/ℓ² ``[E]``."""
+    half_x = -0.5 * jnp.sum(patches**2 * inv_l2, axis=-1, keepdims=True)  # [R, P, 1]
+    half_z = -0.5 * jnp.sum(Z**2 * inv_l2, axis=-1, keepdims=True)  # [M, 1]
+    left = jnp.concatenate([patches, half_x, jnp.ones_like(half_x)], axis=-1)  # [R, P, E+2]
+    right = jnp.concatenate([Z * inv_l2, jnp.ones_like(half_z), half_z], axis=-1)  # [M, E+2]
+    return left, right
+
+
+def _cross_rows(R: int, P: int, M: int, chunk_rows: int | None) -> int:
+    if chunk_rows is not None:
+        return int(max(1, min(R, chunk_rows)))
+    return int(max(1, min(R, KUF_CHUNK_ELEMENTS // max(1, P * M))))
+
+
+def _se_cross_value(patches, Z, lengthscale, weights):
+    """Σ_p w_p exp(−½‖(x_rp − z_m)/ℓ‖²) ``[R, M]``: one matmul, exp and weighted sum over p.
+
+    Written as ``sum(exp(matmul) * w)`` — no einsum for the sum — so that XLA's CPU backend runs
+    matmul, exp and reduction as one fusion without an ``[R, P, M]`` array (an einsum for the
+    sum forces K into memory and took ~4x longer at the MNIST sizes, benchmarks/conv_kernels.py).
+    """
+    inv_l2 = jnp.broadcast_to(1.0 / lengthscale**2, Z.shape[-1:])  # [E]
+    left, right = _augmented(patches, Z, inv_l2)  # [R, P, E+2], [M, E+2]
+    S = jnp.einsum("rpe,me->rpm", left, right, precision=_HIGHEST)  # [R, P, M]  −½ r²
+    return jnp.sum(jnp.exp(S) * weights[:, None], axis=1)  # [R, M]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _se_cross(patches, Z, lengthscale, weights, chunk_rows):
+    return _se_cross_value(patches, Z, lengthscale, weights)  # [R, M]
+
+
+def _se_cross_fwd(patches, Z, lengthscale, weights, chunk_rows):
+    """Forward pass under differentiation: the value; only ``[R, M]`` is kept besides the inputs."""
+    needs = _CrossNeeds(patches.perturbed, Z.perturbed, lengthscale.perturbed, weights.perturbed)
+    xs, zs, ls, ws = patches.value, Z.value, lengthscale.value, weights.value
+    value = _se_cross_value(xs, zs, ls, ws)  # [R, M]
+    return value, (xs, zs, ls, ws, value, needs)
+
+
+def _se_cross_bwd(chunk_rows, residuals, cotangent):
+    """Gradients from one pass over K = exp(−½r²), recomputed in chunks of r images (no ``[R, P, M]`` array).
+
+    With c_rpm = ḡ_rm w_p K_rpm (ḡ the cotangent), C_rp = Σ_m c_rpm, Y_me = Σ_rp c_rpm x_rpe and
+    c_m = Σ_rp c_rpm = Σ_r ḡ_rm value_rm:
+    ∂/∂w_p = Σ_rm ḡ_rm K_rpm; ∂/∂z_me = a_e (Y_me − c_m z_me);
+    ∂/∂ℓ_e = a_e/ℓ_e (Σ_rp C_rp x²_rpe − 2 Σ_m z_me Y_me + Σ_m c_m z²_me) (that is Σ c (x − z)²_e / ℓ_e³);
+    ∂/∂x_rpe = a_e (Σ_m c_rpm z_me − C_rp x_rpe). Per chunk: one matmul for K, one for Y.
+    """
+    xs, zs, ls, ws, value, needs = residuals
+    g = cotangent  # [R, M]
+    R, P, E = xs.shape
+    M = zs.shape[0]
+    dtype = xs.dtype
+    inv_l2 = jnp.broadcast_to(1.0 / ls**2, (E,))  # [E]
+    r = _cross_rows(R, P, M, chunk_rows)
+    n = -(-R // r)
+    pad = n * r - R
+    xp = jnp.pad(xs, ((0, pad), (0, 0), (0, 0)))  # [n*r, P, E]  padded rows have zero cotangent
+    gp = jnp.pad(g, ((0, pad), (0, 0)))  # [n*r, M]
+    left, right = _augmented(xp, zs, inv_l2)  # [n*r, P, E+2], [M, E+2]
+    want_y = needs.inducing or needs.lengthscale
+    want_c = needs.weights or needs.lengthscale or needs.patches
+    wx = (xp * ws[:, None]).reshape(n, r, P, E) if want_y else None  # [n, r, P, E]
+
+    def body(carry, chunk):
+        y_t, cw, q1 = carry  # [E, M], [P], [E]
+        L, gk, wxk, xk = chunk  # [r, P, E+2], [r, M], [r, P, E] or None, [r, P, E]
+        Kg = jnp.exp(jnp.einsum("rpe,me->rpm", L, right, precision=_HIGHEST)) * gk[:, None, :]  # [r, P, M]
+        dx = None
+        if want_y:
+            y_t = y_t + jnp.einsum("rpe,rpm->em", wxk, Kg, precision=_HIGHEST)  # [E, M]
+        if want_c:
+            c_rows = jnp.sum(Kg, axis=-1)  # [r, P]  Σ_m ḡ K
+            cw = cw + jnp.sum(c_rows, axis=0)
+            if needs.lengthscale:
+                q1 = q1 + jnp.sum((c_rows * ws)[..., None] * xk**2, axis=(0, 1))  # Σ C x²
+            if needs.patches:
+                KgZ = jnp.einsum("rpm,me->rpe", Kg, zs, precision=_HIGHEST)  # [r, P, E]
+                dx = ws[:, None] * inv_l2 * (KgZ - c_rows[..., None] * xk)  # [r, P, E]
+        return (y_t, cw, q1), dx
+
+    init = (jnp.zeros((E, M), dtype), jnp.zeros((P,), dtype), jnp.zeros((E,), dtype))
+    chunks = (left.reshape(n, r, P, E + 2), gp.reshape(n, r, M), wx, xp.reshape(n, r, P, E))
+    (y_t, cw, q1), dx = jax.lax.scan(body, init, chunks)
+    Y = y_t.T  # [M, E]
+    c_m = jnp.sum(g * value, axis=0)  # [M]
+    dX = dZ = dls = dw = None
+    if needs.patches:
+        dX = dx.reshape(n * r, P, E)[:R]  # [R, P, E]
+    if needs.inducing:
+        dZ = inv_l2 * (Y - c_m[:, None] * zs)  # [M, E]
+    if needs.lengthscale:
+        Q = q1 - 2.0 * jnp.sum(zs * Y, axis=0) + jnp.sum(c_m[:, None] * zs**2, axis=0)  # [E]  Σ c (x − z)²
+        dls_e = Q * inv_l2 / ls  # [E]
+        dls = jnp.sum(dls_e) if jnp.ndim(ls) == 0 else dls_e
+    if needs.weights:
+        dw = cw  # [P]
+    return dX, dZ, dls, dw
+
+
+_se_cross.defvjp(_se_cross_fwd, _se_cross_bwd, symbolic_zeros=True)
+
+
+def se_patch_cross_sum(patches, Z, weights, chunk_rows: int | None = None, *, lengthscale=None):
+    """Σ_p w_p exp(−½‖(x_rp − z_m)/ℓ‖²) per row and inducing patch: patches ``[R, P, E]``, Z ``[M, E]``,
+    weights ``[P]`` -> ``[R, M]``.
+
+    Kuf of a convolutional kernel with an SE base kernel (seed 000 eq. 15, 19; the variance
+    applied by the caller); ``lengthscale`` is a scalar or ``[E]`` (default 1). A
+    ``jax.custom_vjp``: the forward pass is one fused matmul–exp–sum (seed 000 eq. A.5, never an
+    ``[R, P, M]`` array); the backward pass recomputes K in chunks of ``chunk_rows`` rows (default:
+    about :data:`KUF_CHUNK_ELEMENTS` elements) and reads each chunk once for all gradients that are
+    needed (symbolic zeros: data patches that are not differentiated cost nothing). First-order
+    reverse mode only (no forward mode, no Hessians).
+    """
+    patches = jnp.asarray(patches)
+    dtype = patches.dtype
+    Z = jnp.asarray(Z, dtype)
+    weights = jnp.broadcast_to(jnp.asarray(weights, dtype), patches.shape[1:2])  # [P]
+    lengthscale = jnp.asarray(1.0 if lengthscale is None else lengthscale, dtype)  # [] or [E]
+    return _se_cross(patches, Z, lengthscale, weights, chunk_rows)  # [R, M]
+
+
 # ----------------------------------------------------------------------------- Kff diagonal
 def _tile_rows(R: int, P: int, block_size: int | None) -> int:
     if block_size is not None:
@@ -175,8 +324,11 @@ def _pad_rows(U, w, block: int):
 
 
 #: Target side of one square ``[b, b]`` block of the patch Gram in the symmetric SE sweep.
-SE_BLOCK = 48
-#: Target number of elements of one ``[r, b, h·b]`` tile of the symmetric SE sweep (fits in L2).
+SE_BLOCK = 56
+#: Target number of elements of one ``[r, b, h·b]`` tile of the symmetric SE sweep on accelerators.
+#: On CPU a tile is one image (r = 1): XLA's CPU backend ran the batched small matmuls of r > 1
+#: tiles 1.5-2x slower than one plain matmul per image (benchmarks/conv_kernels.py, MNIST and
+#: rectangles sizes), and a [b, h·b] tile of ~20k elements stays in L2.
 SE_TILE_ELEMENTS = 2**18
 
 
@@ -194,6 +346,8 @@ def _se_plan(R: int, P: int, block_size: int | None) -> tuple[int, int, int, int
         nb = max(1, math.ceil(P / max(1, int(block_size))))
     b = math.ceil(P / nb)
     h = nb // 2 + 1
+    if jax.default_backend() == "cpu":
+        return nb, b, h, 1
     r = int(max(1, min(R, SE_TILE_ELEMENTS // (b * h * b))))
     return nb, b, h, r
 
@@ -430,7 +584,10 @@ class ConvolutionalKernel(Kernel):
     ``__call__(images [B, H, W, C], filters [F, h, w, C]) -> [B, P, F]``, hashable since it is
     static pytree data) computes patch inner products;
     ``kff_method`` picks the Kff-diagonal path (:data:`KFF_METHODS`); ``kff_block`` fixes its row
-    block (default: tiles of about :data:`KFF_TILE_ELEMENTS` elements).
+    block (default: tiles of about :data:`KFF_TILE_ELEMENTS` elements); ``kuf_method`` picks the
+    Kuf path (:data:`KUF_METHODS`): ``"fused"`` (SE base kernel only, :func:`se_patch_cross_sum`,
+    a custom gradient), ``"autodiff"`` (any stationary base kernel: distances by ``products``, plain
+    autodiff) or ``"auto"`` (fused for SE).
     """
 
     base_kernel: Kernel
@@ -440,6 +597,7 @@ class ConvolutionalKernel(Kernel):
     products: Any = static("matmul", kw_only=True)
     kff_method: str = static("auto", kw_only=True)
     kff_block: int | None = static(None, kw_only=True)
+    kuf_method: str = static("auto", kw_only=True)
 
     #: Streams are independent GPs g_s (no cross-stream terms in Kff); subclasses override.
     independent_streams = False
@@ -467,6 +625,10 @@ class ConvolutionalKernel(Kernel):
             raise InvalidArgumentError("base_kernel", f"must be a Kernel, got {type(self.base_kernel).__name__}")
         if self.kff_method == "fused" and type(self.base_kernel) is not SquaredExponential:
             raise InvalidArgumentError("kff_method", "'fused' needs a SquaredExponential base kernel")
+        if self.kuf_method not in KUF_METHODS:
+            raise InvalidArgumentError("kuf_method", f"must be one of {KUF_METHODS}, got {self.kuf_method!r}")
+        if self.kuf_method == "fused" and type(self.base_kernel) is not SquaredExponential:
+            raise InvalidArgumentError("kuf_method", "'fused' needs a SquaredExponential base kernel")
         super().__post_init__()
 
     def _check_patch_fits(self):
@@ -578,15 +740,37 @@ class ConvolutionalKernel(Kernel):
         return jnp.broadcast_to(K, (self.num_output_groups,) + K.shape)  # [G, M, M]
 
     def _kzx(self, Z, X):
-        K = self._patch_filter_cov(Z, X)  # [S, N, P, M]
-        weights = self._patch_weights().astype(K.dtype)  # [S, P]
-        scales = self._stream_scales().astype(K.dtype)  # [S]
-        # a fused multiply-and-reduce: as an einsum (a matrix-vector product per image) XLA's CPU
-        # backend took 3-4x longer for MNIST sizes (benchmarks/gpflow_side_by_side.py)
-        per_stream = jnp.swapaxes(jnp.sum(K * (weights * scales[:, None])[:, None, :, None], axis=2), 1, 2)  # [S, M, N]
+        weights = self._patch_weights() * self._stream_scales()[:, None]  # [S, P]
+        base = self.base_kernel.resolved()
+        if self.kuf_method == "fused" or (self.kuf_method == "auto" and _is_plain_se(base)):
+            per_stream = self._se_stream_cross(Z, X, base, weights)  # [S, M, N]
+        else:
+            K = self._patch_filter_cov(Z, X)  # [S, N, P, M]
+            w = weights.astype(K.dtype)
+            # a fused multiply-and-reduce: as an einsum (a matrix-vector product per image) XLA's CPU
+            # backend took 3-4x longer for MNIST sizes (benchmarks/gpflow_side_by_side.py)
+            per_stream = jnp.swapaxes(jnp.sum(K * w[:, None, :, None], axis=2), 1, 2)  # [S, M, N]
         if self.num_output_groups == 1:
             return jnp.sum(per_stream, axis=0, keepdims=True)  # [1, M, N]
         return per_stream  # [S, M, N]
+
+    def _se_stream_cross(self, Z, X, base, weights):
+        """Σ_p w_sp k_g(x^[sp], z_m) for every stream by :func:`se_patch_cross_sum`: ``[S, M, N]``."""
+        patches = self._stream_patches(X)  # [S, N, P, E]
+        dtype = patches.dtype
+        filters = self._stream_filters(Z)  # [Sf, M, h, w, Cs]
+        Zs = filters.reshape(filters.shape[0], filters.shape[1], -1).astype(dtype)  # [Sf, M, E]
+        lengthscale = jnp.asarray(base.lengthscale, dtype)  # [] or [E]
+        weights = weights.astype(dtype)  # [S, P]
+
+        def one(p, z, w):  # [N, P, E], [M, E], [P] -> [N, M]
+            return se_patch_cross_sum(p, z, w, lengthscale=lengthscale)
+
+        if patches.shape[0] == 1:
+            sums = one(patches[0], Zs[0], weights[0])[None]  # [1, N, M]
+        else:
+            sums = jax.vmap(one, in_axes=(0, 0 if Zs.shape[0] > 1 else None, 0))(patches, Zs if Zs.shape[0] > 1 else Zs[0], weights)
+        return jnp.asarray(base.variance, dtype) * jnp.swapaxes(sums, 1, 2)  # [S, M, N]
 
     def _patch_filter_cov(self, Z, X):
         """k_g(x^[sp], z_m) for every stream, image, patch and inducing patch: ``[S, N, P, M]``."""
