@@ -1,8 +1,14 @@
 """Hot paths of the convolutional GP (seed 000 §3.1, App. A.2) against this machine's limits.
 
-Setting: the paper's rectangles run — a minibatch of B = 100 images of 28×28 from
-``analysis.datasets.load("rectangles")``, 3×3 patches (P = 676), M = 16 inducing patches
-(distinct training patches), SE base kernel, float32.
+Settings (``--config``), SE base kernel, float32, a minibatch of B = 100 images of 28×28:
+
+* ``rectangles`` (default): the paper's rectangles run, ``analysis.datasets.load("rectangles")``,
+  zoo model ``conv`` (binary), 3×3 patches (P = 676), M = 16 inducing patches (distinct training
+  patches); writes ``benchmarks/results/conv_kernels.json``;
+* ``mnist10``: the configuration of ``gpflow_side_by_side.py``: ``load("mnist-10")``, zoo model
+  ``weighted-conv`` (RobustMax, 10 latent GPs sharing the kernel), 5×5 patches (P = 576),
+  M = 100; the patch weights are differentiated too; writes
+  ``benchmarks/results/conv_kernels_mnist10.json``.
 
 Measured in one run, interleaved call by call so that the load of a shared machine falls on all
 alike; each number is the median over ``--repeats`` calls of a jit-compiled function (compilation
@@ -10,9 +16,11 @@ and a warm-up call excluded), as wall-clock and as process CPU time (all threads
 
 * ``exp``: ``sum(exp(−x))`` over B·P² float32 elements — the machine's exp throughput;
 * ``matmul``: an n×n by n×n float32 product — the machine's matmul throughput (2n³ flops);
-* ``kuf_conv`` / ``kuf_matmul``: Kuf ``[1, M, N]`` by the two patch-product strategies, forward
-  and forward + backward (gradient w.r.t. Z and the lengthscale, fixed random cotangent); they
-  must agree;
+* ``kuf_fused`` / ``kuf_conv`` / ``kuf_matmul``: Kuf ``[1, M, N]`` by the fused SE path
+  (``kuf_method="fused"``, a custom gradient) and by plain autodiff with the two patch-product
+  strategies (``kuf_method="autodiff"``), forward and forward + backward (gradient w.r.t. Z, the
+  lengthscale, the variance and — mnist10 — the patch weights, fixed random cotangent); they must
+  agree;
 * ``kff_fused`` / ``kff_checkpoint`` / ``kff_naive``: the Kff diagonal forward + backward
   (gradient w.r.t. lengthscale and variance) by the custom-VJP symmetric sweep (≈ B·P²/2 exps,
   so it can beat the B·P² bound below, which counts every pair), by row blocks under
@@ -20,14 +28,20 @@ and a warm-up call excluded), as wall-clock and as process CPU time (all threads
   ``temp_bytes`` is XLA's temporary-buffer size of the compiled function;
 * ``elbo_step``: one SVI step of zoo model ``conv`` (Adam 0.01, ``TraceMeanField_ELBO``), as
   ``fit`` runs it — a jit-compiled ``lax.scan`` of ``--steps`` updates, divided by the steps;
-  ``elbo_step_naive`` is the same with ``kff_method="naive"``.
+  ``elbo_step_naive`` is the same with ``kff_method="naive"``, ``elbo_step_autodiff_kuf`` with
+  ``kuf_method="autodiff"``.
 
 The physical bound of a step (DESIGN §6) is B·P²/exp_rate + Kuf_flops/matmul_rate with
 Kuf_flops = 2·B·P·M·E (cross term) + 2·B·P·E (patch norms); the step is reported as a multiple
-of it (``step_over_bound``, from CPU times and from wall times). Writes
-``benchmarks/results/conv_kernels.json``.
+of it (``step_over_bound``, from CPU times and from wall times).
 
-    python benchmarks/conv_kernels.py [--repeats 9] [--steps 10] [--quick] [--out PATH]
+OpenBLAS threads are switched off (``OPENBLAS_NUM_THREADS=1``, set before numpy is imported, as
+``gpflow_side_by_side.py`` does for both of its workers): the M×M Cholesky and triangular solves
+of the ELBO go to LAPACK, where OpenBLAS's threads took ~8 ms per 100×100 solve instead of 0.1 ms
+on this 2-core machine and kept spinning afterwards, slowing the exp anchor measured next.
+
+    python benchmarks/conv_kernels.py [--config rectangles|mnist10] [--repeats 9] [--steps 10]
+        [--quick] [--out PATH]
 """
 
 from __future__ import annotations
@@ -40,13 +54,15 @@ import sys
 import time
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import numpyro
-import optax
-from numpyro.infer import SVI, TraceMeanField_ELBO
-from numpyro.optim import optax_to_numpyro
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads OpenBLAS (module docstring)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import numpyro  # noqa: E402
+import optax  # noqa: E402
+from numpyro.infer import SVI, TraceMeanField_ELBO  # noqa: E402
+from numpyro.optim import optax_to_numpyro  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere
@@ -56,10 +72,17 @@ from analysis import datasets  # noqa: E402
 from inference.fit import build_family  # noqa: E402
 from inference.inducing import initialise_inducing  # noqa: E402
 from models import zoo  # noqa: E402
-from models.kernels.convolutional import _se_plan, patch_gram_sum  # noqa: E402
+from models.kernels.convolutional import _cross_rows, _se_plan  # noqa: E402
 
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "conv_kernels.json"
+RESULTS = ROOT / "benchmarks" / "results"
 DTYPE = jnp.float32
+#: dataset, zoo model, task, classes, patch side, M, output file
+CONFIGS = {
+    "rectangles": dict(dataset="rectangles", model="conv", task="binary", num_classes=None, patch=3, M=16,
+                       out=RESULTS / "conv_kernels.json"),
+    "mnist10": dict(dataset="mnist-10", model="weighted-conv", task="multiclass", num_classes=10, patch=5, M=100,
+                    out=RESULTS / "conv_kernels_mnist10.json"),
+}
 
 
 def _timed(fn, args):
@@ -92,46 +115,56 @@ def _temp_bytes(fn, args) -> int | None:
     return None if stats is None else int(stats.temp_size_in_bytes)
 
 
-def build_cases(B: int, image: int, patch: int, M: int, steps: int, matmul_n: int, seed: int = 0):
+def build_cases(config: str, B: int, image: int, steps: int, matmul_n: int, seed: int = 0, naive: bool = True):
     """The jit-compiled functions to time, their arguments, and agreement checks."""
-    ds = datasets.load("rectangles", seed=seed, image_size=image)
+    cfg = CONFIGS[config]
+    ds = datasets.load(cfg["dataset"], seed=seed, **({"image_size": image} if cfg["dataset"] == "rectangles" else {}))
     X_all = np.asarray(ds.X_train, np.float32)  # [N, D]
     y_all = np.asarray(ds.y_train)
     X = jnp.asarray(X_all[:B], DTYPE)  # [B, D]
-    shape, patch_shape = (image, image), (patch, patch)
+    shape, patch_shape, M = tuple(ds.image_shape), (cfg["patch"], cfg["patch"]), cfg["M"]
 
-    spec = zoo.get("conv", image_shape=shape, patch_shape=patch_shape, task="binary", num_inducing=M)
+    options = dict(image_shape=shape, patch_shape=patch_shape, task=cfg["task"], num_inducing=M)
+    if cfg["num_classes"]:
+        options["num_classes"] = cfg["num_classes"]
+    spec = zoo.get(cfg["model"], **options)
     key = jax.random.PRNGKey(seed)
     inducing = initialise_inducing(spec.inducing, spec.kernel, X_all, M, key, spec.inducing_init)
     Z = jnp.asarray(inducing.Z, DTYPE)  # [M, E]
     kernel = spec.kernel
     P, E = kernel.num_patches, kernel.patch_dim
+    weighted = hasattr(kernel, "weights")
+    weights = jnp.asarray(kernel.weights, DTYPE) if weighted else jnp.ones((), DTYPE)  # [P] (unused if not weighted)
 
     cot_key, kff_key = jax.random.split(jax.random.PRNGKey(seed + 1))
     kuf_cotangent = jax.random.normal(cot_key, (M, B), DTYPE)  # [M, N]
     kff_cotangent = jax.random.normal(kff_key, (B,), DTYPE)  # [N]
 
-    def kuf(products):
-        def value(Z, X, ls):
-            k = _with_base(kernel, lengthscale=ls, products=products)
-            return k.Kzx(Z, X)  # [1, M, N]
+    def kernel_with(ls, var, w, **own):
+        return _with_base(kernel, lengthscale=ls, variance=var, **({"weights": w} if weighted else {}), **own)
 
-        def grads(Z, X, ls):
-            return jax.grad(lambda Z, ls: jnp.sum(value(Z, X, ls)[0] * kuf_cotangent), argnums=(0, 1))(Z, ls)
+    hyper_args = (0, 1, 2, 3) if weighted else (0, 1, 2)  # Z, ls, var(, weights)
+
+    def kuf(**own):
+        def value(Z, X, ls, var, w):
+            return kernel_with(ls, var, w, **own).Kzx(Z, X)  # [1, M, N]
+
+        def grads(Z, X, ls, var, w):
+            loss = lambda Z, ls, var, w: jnp.sum(value(Z, X, ls, var, w)[0] * kuf_cotangent)  # noqa: E731
+            return jax.grad(loss, argnums=hyper_args)(Z, ls, var, w)
 
         return jax.jit(value), jax.jit(grads)
 
     def kff(method):
-        def loss(ls, var, X):
-            k = _with_base(kernel, lengthscale=ls, variance=var, kff_method=method)
-            return jnp.dot(k.K_diag(X), kff_cotangent)  # a fixed random cotangent per image
+        def loss(ls, var, w, X):
+            return jnp.dot(kernel_with(ls, var, w, kff_method=method).K_diag(X), kff_cotangent)  # a fixed random cotangent per image
 
-        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2) if weighted else (0, 1)))
 
     ls = jnp.asarray(kernel.base_kernel.lengthscale, DTYPE)
     var = jnp.asarray(kernel.base_kernel.variance, DTYPE)
-    kuf_conv, kuf_conv_grad = kuf("conv")
-    kuf_matmul, kuf_matmul_grad = kuf("matmul")
+    kuf_fns = {"fused": kuf(kuf_method="fused"), "conv": kuf(kuf_method="autodiff", products="conv"),
+               "matmul": kuf(kuf_method="autodiff", products="matmul")}
     kff_fns = {m: kff(m) for m in ("fused", "checkpoint", "naive")}
 
     x_exp = jnp.linspace(0.0, 3.0, B * P * P, dtype=DTYPE).reshape(B, P * P)  # [B, P²]
@@ -139,11 +172,12 @@ def build_cases(B: int, image: int, patch: int, M: int, steps: int, matmul_n: in
     a = jax.random.normal(key, (matmul_n, matmul_n), DTYPE)  # [n, n]
     matmul = jax.jit(lambda a: a @ a)
 
-    def elbo_steps(kff_method: str):
-        model_spec = spec.replace(kernel=_with_base(kernel, kff_method=kff_method))
-        family = build_family(model_spec, inducing, num_latent=1)
+    def elbo_steps(**own):
+        model_spec = spec.replace(kernel=_with_base(kernel, **own))
+        family = build_family(model_spec, inducing, num_latent=spec.likelihood.num_latent(cfg["num_classes"]))
         svi = SVI(family.model, family.guide, optax_to_numpyro(optax.adam(0.01)), TraceMeanField_ELBO())
-        Xj, yj = jnp.asarray(X_all, DTYPE), jnp.asarray(y_all, DTYPE)
+        Xj = jnp.asarray(X_all, DTYPE)
+        yj = jnp.asarray(y_all, DTYPE if cfg["task"] == "binary" else jnp.int32)
         N = Xj.shape[0]
         state = jax.jit(lambda k: svi.init(k, Xj[:B], yj[:B], num_data=N))(key)
         rng = np.random.default_rng(seed)
@@ -158,38 +192,51 @@ def build_cases(B: int, image: int, patch: int, M: int, steps: int, matmul_n: in
 
         return run, (state, idx)
 
+    kuf_args = (Z, X, ls, var, weights)
+    kff_args = (ls, var, weights, X)
     cases = {
         "exp": (exp_sum, (x_exp,)),
         "matmul": (matmul, (a,)),
-        "kuf_conv": (kuf_conv, (Z, X, ls)),
-        "kuf_matmul": (kuf_matmul, (Z, X, ls)),
-        "kuf_conv_grad": (kuf_conv_grad, (Z, X, ls)),
-        "kuf_matmul_grad": (kuf_matmul_grad, (Z, X, ls)),
-        "kff_fused": (kff_fns["fused"], (ls, var, X)),
-        "kff_checkpoint": (kff_fns["checkpoint"], (ls, var, X)),
-        "kff_naive": (kff_fns["naive"], (ls, var, X)),
-        "elbo_step": elbo_steps("auto"),
-        "elbo_step_naive": elbo_steps("naive"),
+        **{f"kuf_{m}": (kuf_fns[m][0], kuf_args) for m in kuf_fns},
+        **{f"kuf_{m}_grad": (kuf_fns[m][1], kuf_args) for m in kuf_fns},
+        "kff_fused": (kff_fns["fused"], kff_args),
+        "kff_checkpoint": (kff_fns["checkpoint"], kff_args),
+        "elbo_step": elbo_steps(),
+        "elbo_step_autodiff_kuf": elbo_steps(kuf_method="autodiff"),
     }
+    if naive:
+        cases["kff_naive"] = (kff_fns["naive"], kff_args)
+        cases["elbo_step_naive"] = elbo_steps(kff_method="naive")
 
-    # agreement (float32): the strategies and Kff paths compute the same numbers
-    ref_kuf = np.asarray(kuf_conv(Z, X, ls))
-    ref_value, ref_grads = kff_fns["naive"](ls, var, X)
-    checks = {
-        "kuf_conv_vs_matmul_max_rel": float(np.max(np.abs(ref_kuf - np.asarray(kuf_matmul(Z, X, ls)))) / np.max(np.abs(ref_kuf))),
-    }
-    for m in ("fused", "checkpoint"):
-        value, grads = kff_fns[m](ls, var, X)
-        checks[f"kff_{m}_vs_naive_value_rel"] = float(abs(value - ref_value) / abs(ref_value))
-        checks[f"kff_{m}_vs_naive_grad_rel"] = float(
-            max(abs(g - r) / max(abs(r), 1e-30) for g, r in zip(grads, ref_grads))
-        )
-    temp = {f"kff_{m}": _temp_bytes(kff_fns[m], (ls, var, X)) for m in kff_fns}
-    setting = {"B": B, "image_shape": list(shape), "patch_shape": list(patch_shape), "M": M, "P": P, "E": E,
-               "dtype": "float32", "kff_se_plan": dict(zip(("blocks", "block", "band_blocks", "images_per_tile"), _se_plan(B, P, None))),
-               "steps_per_call": steps,
-               "matmul_n": matmul_n, "normalisation": kernel.normalisation}
+    # agreement (float32): the Kuf paths and the Kff paths compute the same numbers
+    ref_kuf = np.asarray(kuf_fns["conv"][0](*kuf_args))
+    ref_kuf_grads = kuf_fns["conv"][1](*kuf_args)
+    checks = {}
+    for m in ("matmul", "fused"):
+        checks[f"kuf_{m}_vs_conv_max_rel"] = float(np.max(np.abs(ref_kuf - np.asarray(kuf_fns[m][0](*kuf_args)))) / np.max(np.abs(ref_kuf)))
+        checks[f"kuf_{m}_vs_conv_grad_rel"] = _max_rel(kuf_fns[m][1](*kuf_args), ref_kuf_grads)
+    ref = "naive" if naive else "checkpoint"
+    ref_value, ref_grads = kff_fns[ref](*kff_args)
+    for m in [k for k in ("fused", "checkpoint") if k != ref]:
+        value, grads = kff_fns[m](*kff_args)
+        checks[f"kff_{m}_vs_{ref}_value_rel"] = float(abs(value - ref_value) / abs(ref_value))
+        checks[f"kff_{m}_vs_{ref}_grad_rel"] = _max_rel(grads, ref_grads)
+    temp = {f"kff_{m}": _temp_bytes(kff_fns[m], kff_args) for m in kff_fns if naive or m != "naive"}
+    temp.update({f"kuf_{m}_grad": _temp_bytes(kuf_fns[m][1], kuf_args) for m in kuf_fns})
+    setting = {"config": config, "model": cfg["model"], "B": B, "image_shape": list(shape), "patch_shape": list(patch_shape),
+               "M": M, "P": P, "E": E, "num_latent": spec.likelihood.num_latent(cfg["num_classes"]), "dtype": "float32",
+               "weights_differentiated": weighted,
+               "kff_se_plan": dict(zip(("blocks", "block", "band_blocks", "images_per_tile"), _se_plan(B, P, None))),
+               "kuf_chunk_rows": _cross_rows(B, P, M, None), "steps_per_call": steps,
+               "matmul_n": matmul_n, "normalisation": kernel.normalisation,
+               "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS")}
     return cases, checks, temp, setting
+
+
+def _max_rel(grads, ref_grads) -> float:
+    """Largest relative difference (max |a − b| / max |b|) over the leaves of two gradient tuples."""
+    return float(max(np.max(np.abs(np.asarray(g) - np.asarray(r))) / max(float(np.max(np.abs(np.asarray(r)))), 1e-30)
+                     for g, r in zip(grads, ref_grads)))
 
 
 def _with_base(kernel, **changes):
@@ -204,24 +251,26 @@ def _with_base(kernel, **changes):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="rectangles")
     parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--image", type=int, default=28)
-    parser.add_argument("--patch", type=int, default=3)
-    parser.add_argument("--M", type=int, default=16)
+    parser.add_argument("--image", type=int, default=28, help="image side (rectangles only)")
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--matmul-n", type=int, default=1024)
+    parser.add_argument("--no-naive", action="store_true", help="skip the materialised [B, P, P] Kff (slow, memory-hungry)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes for a smoke test")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--out", type=Path, default=None, help="default: the configuration's file in benchmarks/results")
     args = parser.parse_args(argv)
     if args.quick:
         args.batch, args.image, args.repeats, args.steps, args.matmul_n = 8, 10, 2, 2, 128
+    out = args.out or CONFIGS[args.config]["out"]
 
     load_before = os.getloadavg()
     t0 = time.perf_counter()
-    cases, checks, temp, setting = build_cases(args.batch, args.image, args.patch, args.M, args.steps, args.matmul_n)
+    cases, checks, temp, setting = build_cases(args.config, args.batch, args.image, args.steps, args.matmul_n, naive=not args.no_naive)
     timings = measure(cases, args.repeats)
-    for name in ("elbo_step", "elbo_step_naive"):  # per step
+    steps = [name for name in timings if name.startswith("elbo_step")]
+    for name in steps:  # per step
         for key in ("wall_s", "cpu_s"):
             timings[name][key] /= args.steps
 
@@ -229,20 +278,24 @@ def main(argv=None):
     exp_count = B * P * P
     kuf_flops = 2 * B * P * M * E + 2 * B * P * E
     rates, bound, over = {}, {}, {}
+    relative = steps + [name for name in timings if name.startswith("kff_")]
     for clock in ("cpu_s", "wall_s"):
         exp_rate = exp_count / timings["exp"][clock]
         matmul_rate = 2 * n**3 / timings["matmul"][clock]
         rates[clock] = {"exp_per_s": exp_rate, "matmul_flops_per_s": matmul_rate}
         bound[clock] = exp_count / exp_rate + kuf_flops / matmul_rate
-        over[clock] = {name: timings[name][clock] / bound[clock]
-                       for name in ("elbo_step", "elbo_step_naive", "kff_fused", "kff_checkpoint", "kff_naive")}
+        over[clock] = {name: timings[name][clock] / bound[clock] for name in relative}
+    cpu = {name: t["cpu_s"] for name, t in timings.items()}
     ratios = {
-        "kff_naive_over_fused_cpu": timings["kff_naive"]["cpu_s"] / timings["kff_fused"]["cpu_s"],
-        "kff_checkpoint_over_fused_cpu": timings["kff_checkpoint"]["cpu_s"] / timings["kff_fused"]["cpu_s"],
-        "kuf_matmul_over_conv_cpu": timings["kuf_matmul"]["cpu_s"] / timings["kuf_conv"]["cpu_s"],
-        "kuf_matmul_over_conv_grad_cpu": timings["kuf_matmul_grad"]["cpu_s"] / timings["kuf_conv_grad"]["cpu_s"],
-        "elbo_step_naive_over_fused_cpu": timings["elbo_step_naive"]["cpu_s"] / timings["elbo_step"]["cpu_s"],
+        "kff_checkpoint_over_fused_cpu": cpu["kff_checkpoint"] / cpu["kff_fused"],
+        "kuf_matmul_over_fused_grad_cpu": cpu["kuf_matmul_grad"] / cpu["kuf_fused_grad"],
+        "kuf_conv_over_fused_grad_cpu": cpu["kuf_conv_grad"] / cpu["kuf_fused_grad"],
+        "kuf_matmul_over_conv_cpu": cpu["kuf_matmul"] / cpu["kuf_conv"],
+        "elbo_step_autodiff_kuf_over_fused_cpu": cpu["elbo_step_autodiff_kuf"] / cpu["elbo_step"],
     }
+    if "kff_naive" in cpu:
+        ratios["kff_naive_over_fused_cpu"] = cpu["kff_naive"] / cpu["kff_fused"]
+        ratios["elbo_step_naive_over_fused_cpu"] = cpu["elbo_step_naive"] / cpu["elbo_step"]
     report = {
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpu_count": os.cpu_count(),
                     "jax": jax.__version__, "numpyro": numpyro.__version__, "devices": [str(d) for d in jax.devices()],
@@ -254,20 +307,20 @@ def main(argv=None):
         "bound_s": bound,
         "step_over_bound": over,
         "ratios": ratios,
-        "kff_temp_bytes": temp,
+        "temp_bytes": temp,
         "agreement": checks,
         "timings": timings,
         "seconds_total": time.perf_counter() - t0,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(report, indent=2))
-    tmp.replace(args.out)
+    tmp.replace(out)
 
-    print(f"B={B} P={P} M={M} E={E} float32; load {load_before[0]:.1f} -> {report['machine']['loadavg_after'][0]:.1f}")
-    print(f"{'case':<18}{'wall ms':>10}{'cpu ms':>10}")
+    print(f"{args.config}: B={B} P={P} M={M} E={E} float32; load {load_before[0]:.1f} -> {report['machine']['loadavg_after'][0]:.1f}")
+    print(f"{'case':<24}{'wall ms':>10}{'cpu ms':>10}")
     for name, t in timings.items():
-        print(f"{name:<18}{1e3 * t['wall_s']:>10.2f}{1e3 * t['cpu_s']:>10.2f}")
+        print(f"{name:<24}{1e3 * t['wall_s']:>10.2f}{1e3 * t['cpu_s']:>10.2f}")
     print(f"bound (cpu) {1e3 * bound['cpu_s']:.2f} ms; step / bound (cpu) {over['cpu_s']['elbo_step']:.2f}, "
           f"(wall) {over['wall_s']['elbo_step']:.2f}")
     print("ratios:", {k: round(v, 2) for k, v in ratios.items()})

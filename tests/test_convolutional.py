@@ -565,7 +565,8 @@ def test_component_variances_and_patch_figure(fitted):
 
 
 @pytest.mark.benchmark
-def test_conv_kernels_benchmark_runs_quick(tmp_path):
+@pytest.mark.parametrize("config", ["rectangles", "mnist10"])
+def test_conv_kernels_benchmark_runs_quick(tmp_path, config):
     """benchmarks/conv_kernels.py still runs against the library (tiny sizes; ``-m benchmark``)."""
     import importlib.util  # noqa: PLC0415
     import sys  # noqa: PLC0415
@@ -576,7 +577,7 @@ def test_conv_kernels_benchmark_runs_quick(tmp_path):
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    report = module.main(["--quick", "--out", str(tmp_path / "conv_kernels.json")])
+    report = module.main(["--quick", "--config", config, "--out", str(tmp_path / "conv_kernels.json")])
     assert {"machine", "rates", "bound_s", "step_over_bound", "timings", "agreement"} <= set(report)
     assert all(v < 1e-4 for v in report["agreement"].values())
     assert report["step_over_bound"]["cpu_s"]["elbo_step"] > 0
