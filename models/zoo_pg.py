@@ -8,7 +8,8 @@ eq. 22–23). Imported by :mod:`models.zoo` on demand.
 
 ``whiten`` (default True) chooses the coordinates in which q(u) is stored and held fixed while the
 hyperparameters move; the natural-gradient step itself is the same step in both. ``step_size``
-(ρ, default 1 full-batch / Robbins–Monro with minibatches) and ``learn_hyperparameters`` are
+(ρ, default 1 full-batch / Robbins–Monro with minibatches), ``learn_hyperparameters`` and
+``acceleration`` (``"anderson"``: Anderson-mixed full-batch CAVI with fixed hyperparameters) are
 recorded in ``spec.options`` and read by the fit.
 """
 
@@ -27,7 +28,8 @@ METHOD = "svgp-logistic-pg"
 @register("svgp-logistic-pg", "Logistic SVGP (RBF, inducing points) fitted by Pólya–Gamma natural gradients / CAVI (Wenzel et al. 2019)",
           num_inducing=32, task="binary")
 def _svgp_logistic_pg(common: Common, lengthscale: float = 1.0, variance: float = 1.0, ard: bool = False,
-                      step_size: float | None = None, learn_hyperparameters: bool = True) -> ModelSpec:
+                      step_size: float | None = None, learn_hyperparameters: bool = True,
+                      acceleration: str | None = None) -> ModelSpec:
     likelihood = common.resolved_likelihood()
     if not (isinstance(likelihood, Bernoulli) and likelihood.link == "logit"):
         raise InvalidArgumentError("likelihood", f"svgp-logistic-pg needs a Bernoulli-logit likelihood (task='binary'), got {likelihood!r}")
@@ -39,6 +41,10 @@ def _svgp_logistic_pg(common: Common, lengthscale: float = 1.0, variance: float 
         if not common.input_dim:
             raise InvalidArgumentError("input_dim", "ARD lengthscales need the input dimension")
         lengthscale = np.full(common.input_dim, lengthscale)
+    if acceleration not in (None, "anderson"):
+        raise InvalidArgumentError("acceleration", f"must be None or 'anderson', got {acceleration!r}")
     options = {"learn_hyperparameters": bool(learn_hyperparameters)} | ({} if step_size is None else {"step_size": float(step_size)})
+    if acceleration is not None:
+        options["acceleration"] = acceleration
     return common.spec("svgp-logistic-pg", kernels.SquaredExponential(lengthscale=lengthscale, variance=variance),
                        likelihood=likelihood, method=METHOD, options=options)

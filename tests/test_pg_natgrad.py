@@ -284,3 +284,13 @@ def test_anderson_acceleration_refuses_settings_it_does_not_cover(data):
         with pytest.raises(InvalidArgumentError) as info:
             fit_pg_natgrad(spec, X, y, steps=1, **{"acceleration": "anderson", **kw})
         assert info.value.argument == "acceleration"
+
+
+def test_zoo_option_selects_anderson_acceleration(data):
+    X, y = data
+    spec = zoo.get("svgp-logistic-pg", input_dim=2, num_inducing=4, learn_hyperparameters=False, acceleration="anderson")
+    assert spec.options["acceleration"] == "anderson"
+    assert fit(spec, X, y, steps=3, progress=False).diagnostics["acceleration"] == "anderson"
+    with pytest.raises(InvalidArgumentError) as info:
+        zoo.get("svgp-logistic-pg", input_dim=2, acceleration="nesterov")
+    assert info.value.argument == "acceleration"
