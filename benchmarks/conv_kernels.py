@@ -21,15 +21,17 @@ and a warm-up call excluded), as wall-clock and as process CPU time (all threads
   strategies (``kuf_method="autodiff"``), forward and forward + backward (gradient w.r.t. Z, the
   lengthscale, the variance and — mnist10 — the patch weights, fixed random cotangent); they must
   agree;
-* ``kff_fused`` / ``kff_checkpoint`` / ``kff_naive``: the Kff diagonal forward + backward
-  (gradient w.r.t. lengthscale and variance) by the custom-VJP symmetric sweep (≈ B·P²/2 exps,
-  so it can beat the B·P² bound below, which counts every pair), by row blocks under
+* ``kff_distinct`` / ``kff_fused`` / ``kff_checkpoint`` / ``kff_naive``: the Kff diagonal forward +
+  backward (gradient w.r.t. lengthscale, variance and — mnist10 — the weights) by the custom-VJP
+  sweep over each image's distinct patches (the default on CPU: images with a background repeat
+  patches, and its work follows the distinct ones), by the symmetric band sweep (≈ B·P²/2 exps;
+  both can beat the B·P² bound below, which counts every pair), by row blocks under
   ``jax.checkpoint``, and by plain autodiff of the ``[B, P, P]`` formula; they must agree;
   ``temp_bytes`` is XLA's temporary-buffer size of the compiled function;
 * ``elbo_step``: one SVI step of zoo model ``conv`` (Adam 0.01, ``TraceMeanField_ELBO``), as
   ``fit`` runs it — a jit-compiled ``lax.scan`` of ``--steps`` updates, divided by the steps;
-  ``elbo_step_naive`` is the same with ``kff_method="naive"``, ``elbo_step_autodiff_kuf`` with
-  ``kuf_method="autodiff"``.
+  ``elbo_step_naive`` is the same with ``kff_method="naive"``, ``elbo_step_band_kff`` with
+  ``kff_method="fused"`` (every pair), ``elbo_step_autodiff_kuf`` with ``kuf_method="autodiff"``.
 
 The physical bound of a step (DESIGN §6) is B·P²/exp_rate + Kuf_flops/matmul_rate with
 Kuf_flops = 2·B·P·M·E (cross term) + 2·B·P·E (patch norms); the step is reported as a multiple
@@ -165,7 +167,7 @@ def build_cases(config: str, B: int, image: int, steps: int, matmul_n: int, seed
     var = jnp.asarray(kernel.base_kernel.variance, DTYPE)
     kuf_fns = {"fused": kuf(kuf_method="fused"), "conv": kuf(kuf_method="autodiff", products="conv"),
                "matmul": kuf(kuf_method="autodiff", products="matmul")}
-    kff_fns = {m: kff(m) for m in ("fused", "checkpoint", "naive")}
+    kff_fns = {m: kff(m) for m in ("distinct", "fused", "checkpoint", "naive")}
 
     x_exp = jnp.linspace(0.0, 3.0, B * P * P, dtype=DTYPE).reshape(B, P * P)  # [B, P²]
     exp_sum = jax.jit(lambda x: jnp.sum(jnp.exp(-x)))
@@ -199,9 +201,11 @@ def build_cases(config: str, B: int, image: int, steps: int, matmul_n: int, seed
         "matmul": (matmul, (a,)),
         **{f"kuf_{m}": (kuf_fns[m][0], kuf_args) for m in kuf_fns},
         **{f"kuf_{m}_grad": (kuf_fns[m][1], kuf_args) for m in kuf_fns},
+        "kff_distinct": (kff_fns["distinct"], kff_args),
         "kff_fused": (kff_fns["fused"], kff_args),
         "kff_checkpoint": (kff_fns["checkpoint"], kff_args),
         "elbo_step": elbo_steps(),
+        "elbo_step_band_kff": elbo_steps(kff_method="fused"),
         "elbo_step_autodiff_kuf": elbo_steps(kuf_method="autodiff"),
     }
     if naive:
@@ -217,7 +221,7 @@ def build_cases(config: str, B: int, image: int, steps: int, matmul_n: int, seed
         checks[f"kuf_{m}_vs_conv_grad_rel"] = _max_rel(kuf_fns[m][1](*kuf_args), ref_kuf_grads)
     ref = "naive" if naive else "checkpoint"
     ref_value, ref_grads = kff_fns[ref](*kff_args)
-    for m in [k for k in ("fused", "checkpoint") if k != ref]:
+    for m in [k for k in ("distinct", "fused", "checkpoint") if k != ref]:
         value, grads = kff_fns[m](*kff_args)
         checks[f"kff_{m}_vs_{ref}_value_rel"] = float(abs(value - ref_value) / abs(ref_value))
         checks[f"kff_{m}_vs_{ref}_grad_rel"] = _max_rel(grads, ref_grads)
@@ -227,10 +231,19 @@ def build_cases(config: str, B: int, image: int, steps: int, matmul_n: int, seed
                "M": M, "P": P, "E": E, "num_latent": spec.likelihood.num_latent(cfg["num_classes"]), "dtype": "float32",
                "weights_differentiated": weighted,
                "kff_se_plan": dict(zip(("blocks", "block", "band_blocks", "images_per_tile"), _se_plan(B, P, None))),
+               "kff_default": "distinct" if jax.default_backend() == "cpu" else "fused",
+               "distinct_patches_per_image": _distinct_counts(X, kernel),
                "kuf_chunk_rows": _cross_rows(B, P, M, None), "steps_per_call": steps,
                "matmul_n": matmul_n, "normalisation": kernel.normalisation,
                "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS")}
     return cases, checks, temp, setting
+
+
+def _distinct_counts(X, kernel) -> dict:
+    """Mean and max number of distinct patches per image of the minibatch (the distinct sweep's work)."""
+    patches = np.asarray(kernel._stream_patches(X))[0]  # [B, P, E]
+    counts = [len(np.unique(p, axis=0)) for p in patches]
+    return {"mean": float(np.mean(counts)), "max": int(np.max(counts)), "of": int(patches.shape[1])}
 
 
 def _max_rel(grads, ref_grads) -> float:
@@ -287,11 +300,13 @@ def main(argv=None):
         over[clock] = {name: timings[name][clock] / bound[clock] for name in relative}
     cpu = {name: t["cpu_s"] for name, t in timings.items()}
     ratios = {
+        "kff_fused_over_distinct_cpu": cpu["kff_fused"] / cpu["kff_distinct"],
         "kff_checkpoint_over_fused_cpu": cpu["kff_checkpoint"] / cpu["kff_fused"],
         "kuf_matmul_over_fused_grad_cpu": cpu["kuf_matmul_grad"] / cpu["kuf_fused_grad"],
         "kuf_conv_over_fused_grad_cpu": cpu["kuf_conv_grad"] / cpu["kuf_fused_grad"],
         "kuf_matmul_over_conv_cpu": cpu["kuf_matmul"] / cpu["kuf_conv"],
         "elbo_step_autodiff_kuf_over_fused_cpu": cpu["elbo_step_autodiff_kuf"] / cpu["elbo_step"],
+        "elbo_step_band_kff_over_distinct_cpu": cpu["elbo_step_band_kff"] / cpu["elbo_step"],
     }
     if "kff_naive" in cpu:
         ratios["kff_naive_over_fused_cpu"] = cpu["kff_naive"] / cpu["kff_fused"]

@@ -26,6 +26,7 @@ from models.kernels.convolutional import (
     MultiChannelConvolutional,
     WeightedConvolutional,
     extract_patches,
+    _distinct_rows,
     patch_gram_sum,
     se_patch_cross_sum,
     se_patch_gram_sum,
@@ -402,9 +403,59 @@ def test_symmetric_se_sweep_gradients_for_every_subset_of_inputs(rng, P, block):
                 np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
+def _with_repeats(rng, R, P, E):
+    """Rows of patches: a background (half the patches zero, the rest binary), binary patches
+    (few distinct values) and all-distinct patches — each sweep path of ``distinct=True`` is taken."""
+    X = rng.normal(size=(R, P, E))
+    X[0] = rng.integers(0, 2, size=(P, E))
+    X[0, : P // 2] = 0.0
+    X[1] = rng.integers(0, 2, size=(P, E))
+    X[1, : P // 3] = 0.0
+    return X
+
+
+@pytest.mark.parametrize("P, block", [(11, None), (30, 4), (30, 5), (64, 8), (97, 11)])
+def test_distinct_patch_sweep_gradients_for_every_subset_of_inputs(rng, P, block):
+    """``distinct=True`` (each image over its distinct patches with summed weights, or the band)
+    equals plain autodiff of the explicit Gram for each subset of inputs, scalar or ARD lengthscale."""
+    X = jnp.asarray(_with_repeats(rng, 3, P, 4))  # [R, P, E]
+    w = jnp.asarray(rng.normal(size=(3, P)))  # [R, P]
+    ct = jnp.asarray(rng.normal(size=3))  # [R]
+
+    def naive(X, ls, w):
+        return jnp.dot(ct, _naive_gram(X / ls, w))
+
+    def distinct(X, ls, w):
+        return jnp.dot(ct, se_patch_gram_sum(X, w, block, lengthscale=ls, distinct=True))
+
+    for ls in (jnp.float64(1.3), jnp.asarray(rng.uniform(0.5, 2.0, size=4))):
+        np.testing.assert_allclose(distinct(X, ls, w), naive(X, ls, w), rtol=1e-12)
+        for argnums in [(0, 1, 2), (1,), (2,), (1, 2), (0,)]:
+            got = jax.jit(jax.grad(distinct, argnums=argnums))(X, ls, w)
+            want = jax.grad(naive, argnums=argnums)(X, ls, w)
+            for a, b in zip(got, want):
+                np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_distinct_rows_merge_only_equal_patches(rng):
+    """Groups of :func:`_distinct_rows` hold equal patches only, their weights sum to the total, and
+    the distinct count is exact for patches with repeats."""
+    U = _with_repeats(rng, 2, 40, 3)[1]  # [P, E]
+    w = rng.normal(size=40)
+    Ud, Wd, group, n = (np.asarray(a) for a in _distinct_rows(jnp.asarray(U), jnp.asarray(w)))
+    assert int(n) == len(np.unique(U, axis=0))
+    np.testing.assert_array_equal(Ud[group], U)  # every patch is its group's representative
+    np.testing.assert_allclose(Wd.sum(), w.sum(), rtol=1e-12)
+    np.testing.assert_allclose(Wd[int(n):], 0.0)
+
+
 def test_kff_methods_agree_with_hyperparameter_gradients(rng):
-    """fused / checkpoint / naive paths: same values and gradients w.r.t. lengthscale, variance, weights, X."""
-    X = jnp.asarray(rng.uniform(size=(4, 30)))
+    """fused / distinct / checkpoint / naive paths: same values and gradients w.r.t. lengthscale,
+    variance, weights, X (images with a zero background and binary images included)."""
+    X = rng.uniform(size=(4, 30))
+    X[0, :18] = 0.0
+    X[1] = rng.integers(0, 2, size=30)
+    X = jnp.asarray(X)
     w0 = jnp.asarray(rng.normal(size=16))
 
     def objective(method):
@@ -417,7 +468,7 @@ def test_kff_methods_agree_with_hyperparameter_gradients(rng):
 
     args = (jnp.float64(LS), jnp.float64(VAR), w0, X)
     ref_value, ref_grads = objective("naive")(*args)
-    for method in ("fused", "checkpoint"):
+    for method in ("fused", "distinct", "checkpoint"):
         value, grads = objective(method)(*args)
         np.testing.assert_allclose(value, ref_value, rtol=1e-12)
         for a, b in zip(grads, ref_grads):

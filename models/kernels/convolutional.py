@@ -79,7 +79,7 @@ __all__ = [
 ]
 
 NORMALISATIONS = ("mean", "sum")
-KFF_METHODS = ("auto", "fused", "checkpoint", "naive")
+KFF_METHODS = ("auto", "fused", "distinct", "checkpoint", "naive")
 KUF_METHODS = ("auto", "fused", "autodiff")
 #: Target number of elements of one ``[R, block, P]`` tile of the Kff diagonal (see benchmarks/conv_kernels.py).
 KFF_TILE_ELEMENTS = 2**22
@@ -332,7 +332,7 @@ SE_BLOCK = 56
 SE_TILE_ELEMENTS = 2**18
 
 
-def _se_plan(R: int, P: int, block_size: int | None) -> tuple[int, int, int, int]:
+def _se_plan(R: int, P: int, block_size: int | None, one_image: bool = False) -> tuple[int, int, int, int]:
     """Blocking of the symmetric sweep: (nb column blocks of b patches, h blocks per band, r rows per chunk).
 
     The P patches are cut into nb blocks of b (an odd nb by default, so no block pair is
@@ -346,13 +346,90 @@ def _se_plan(R: int, P: int, block_size: int | None) -> tuple[int, int, int, int
         nb = max(1, math.ceil(P / max(1, int(block_size))))
     b = math.ceil(P / nb)
     h = nb // 2 + 1
-    if jax.default_backend() == "cpu":
+    if one_image or jax.default_backend() == "cpu":
         return nb, b, h, 1
     r = int(max(1, min(R, SE_TILE_ELEMENTS // (b * h * b))))
     return nb, b, h, r
 
 
-def _se_band_sweep(U, w, block_size, *, need_kw: bool, need_rhs: bool):
+#: Side of the square tiles of the distinct-patch sweep, and how many of its tiles cost about one
+#: band tile: an image whose distinct patches fill na blocks takes the pair sweep when its
+#: na(na+1)/2 tiles are at most DISTINCT_TILES_PER_BAND_TILE × nb (benchmarks/conv_kernels.py).
+DISTINCT_BLOCK = 64
+DISTINCT_TILES_PER_BAND_TILE = 3
+#: Only images with at least this fraction of constant patches (a background) look for repeated
+#: patches: sorting the patches costs ~10% of the band sweep, wasted where all patches differ.
+DISTINCT_MIN_CONSTANT_FRACTION = 0.25
+
+
+def _distinct_rows(U, w):
+    """The distinct rows of one image's patches and their summed weights.
+
+    U ``[P, E]``, w ``[P]`` -> distinct rows first ``[P, E]`` (the rest zero), group weights
+    ``[P]`` (Σ w over equal rows; zero past the groups), the group of each row ``[P]`` and the
+    number of groups ``[]``. Rows are ordered by a fixed projection and equal neighbours merged:
+    exact (only equal rows merge; equal rows that a projection tie separates stay apart).
+    """
+    P, E = U.shape
+    direction = 1.0 + 0.6180339887 * jnp.arange(E, dtype=U.dtype)  # [E] any generic direction
+    order = jnp.argsort(U @ direction)  # [P]
+    Us = U[order]  # [P, E]
+    first = jnp.concatenate([jnp.ones((1,), bool), jnp.any(Us[1:] != Us[:-1], axis=-1)])  # [P] starts a group
+    sorted_group = jnp.cumsum(first) - 1  # [P]
+    group = jnp.zeros((P,), sorted_group.dtype).at[order].set(sorted_group)  # [P]
+    Ud = jnp.zeros_like(U).at[sorted_group].set(Us)  # [P, E]  (equal rows write the same values)
+    Wd = jax.ops.segment_sum(w[order], sorted_group, num_segments=P)  # [P]
+    return Ud, Wd, group, sorted_group[-1] + 1
+
+
+@functools.lru_cache(maxsize=64)
+def _block_pairs(nb: int) -> tuple[np.ndarray, np.ndarray]:
+    """Block pairs (i ≤ j) ordered by j: the first na(na+1)/2 are those within the first na blocks."""
+    pairs = [(i, j) for j in range(nb) for i in range(j + 1)]
+    return np.array([i for i, _ in pairs], np.int32), np.array([j for _, j in pairs], np.int32)
+
+
+def _pair_sweep(Ud, Wd, num_blocks, b: int, need_rhs: bool, with_h: bool):
+    """value, t and K·[w, w∘U] of one image over the block pairs of its distinct rows (dynamic count).
+
+    Ud ``[Pd, E]`` distinct rows padded with zero weight, Wd ``[Pd]``, ``num_blocks`` (traced)
+    blocks of b rows hold all groups. Returns ``[]``, ``[]``, ``[Pd, K]`` or None (per group).
+    """
+    Pd, E = Ud.shape
+    dtype = Ud.dtype
+    half_sq = -0.5 * jnp.sum(Ud**2, axis=-1, keepdims=True)  # [Pd, 1]
+    ones = jnp.ones_like(half_sq)
+    left = jnp.concatenate([Ud, half_sq, ones], axis=-1)  # [Pd, E+2]
+    right = jnp.concatenate([Ud, ones, half_sq], axis=-1)  # [Pd, E+2]
+    H = jnp.concatenate([Wd[:, None]] + ([Wd[:, None] * Ud] if need_rhs else []), axis=-1) if with_h else None  # [Pd, K]
+    first, second = (jnp.asarray(a) for a in _block_pairs(Pd // b))
+
+    def body(k, carry):
+        total, t, KH = carry  # [], [], [Pd, K] or None
+        i, j = first[k] * b, second[k] * b
+        Li, Rj = jax.lax.dynamic_slice_in_dim(left, i, b, 0), jax.lax.dynamic_slice_in_dim(right, j, b, 0)  # [b, E+2]
+        wi, wj = jax.lax.dynamic_slice_in_dim(Wd, i, b, 0), jax.lax.dynamic_slice_in_dim(Wd, j, b, 0)  # [b]
+        S = jnp.matmul(Li, Rj.T, precision=_HIGHEST)  # [b, b]  −½ r²
+        K = jnp.exp(S)  # [b, b]
+        off = (i != j).astype(dtype)  # an off-diagonal block pair counts twice and serves both blocks
+        WW = (1.0 + off) * wi[:, None] * wj[None, :]  # [b, b]
+        total = total + jnp.sum(K * WW)
+        t = t + jnp.sum(K * S * WW)
+        if KH is None:
+            return total, t, KH
+        Hi, Hj = jax.lax.dynamic_slice_in_dim(H, i, b, 0), jax.lax.dynamic_slice_in_dim(H, j, b, 0)  # [b, K]
+        rows = jnp.matmul(K, Hj, precision=_HIGHEST)  # [b, K]
+        cols = jnp.matmul(K.T, Hi, precision=_HIGHEST) * off  # [b, K]
+        KH = jax.lax.dynamic_update_slice_in_dim(KH, jax.lax.dynamic_slice_in_dim(KH, i, b, 0) + rows, i, 0)
+        KH = jax.lax.dynamic_update_slice_in_dim(KH, jax.lax.dynamic_slice_in_dim(KH, j, b, 0) + cols, j, 0)
+        return total, t, KH
+
+    zero = jnp.zeros((), dtype)
+    init = (zero, zero, None if H is None else jnp.zeros_like(H))
+    return jax.lax.fori_loop(0, num_blocks * (num_blocks + 1) // 2, body, init)
+
+
+def _se_band_sweep(U, w, block_size, *, need_kw: bool, need_rhs: bool, distinct: bool = False):
     """One symmetric sweep over the SE patch Gram K_pq = exp(−½‖u_p − u_q‖²) of every row.
 
     U ``[R, P, E]`` (patches / ℓ), w ``[R, P]``. Returns ``value`` ``[R]`` = Σ_pq w_p w_q K_pq,
@@ -362,25 +439,18 @@ def _se_band_sweep(U, w, block_size, *, need_kw: bool, need_rhs: bool):
     patches [u, −½‖u‖², 1]·[u, 1, −½‖u‖²] = −½ r²; a block of K is evaluated once, and serves its
     row block (K rhs) and, off the diagonal, its column block (Kᵀ rhs) by symmetry. Images are
     processed r at a time so that one ``[r, b, h·b]`` tile stays in cache.
+
+    ``distinct``: one image at a time, and an image with few distinct patches (constant
+    backgrounds) is swept over the block pairs of its distinct patches with summed weights
+    (:func:`_distinct_rows`, :func:`_pair_sweep`): exact, and the work follows the number of
+    distinct patches instead of P².
     """
     R, P, E = U.shape
-    nb, b, h, r = _se_plan(R, P, block_size)
+    nb, b, h, r = _se_plan(R, P, block_size, one_image=distinct)
     Pp, Rp, hb = nb * b, -(-R // r) * r, h * b
     dtype = U.dtype
-    Up = jnp.pad(U, ((0, Rp - R), (0, Pp - P), (0, 0)))  # [Rp, Pp, E]  padded patches have weight 0
-    wp = jnp.pad(w, ((0, Rp - R), (0, Pp - P)))  # [Rp, Pp]
-    half_sq = -0.5 * jnp.sum(Up**2, axis=-1, keepdims=True)  # [Rp, Pp, 1]
-    ones = jnp.ones_like(half_sq)
-    left = jnp.concatenate([Up, half_sq, ones], axis=-1)  # [Rp, Pp, E+2]
-    right = jnp.concatenate([Up, ones, half_sq], axis=-1)  # [Rp, Pp, E+2]
     wrap = (h - 1) * b  # the band of the last row blocks wraps around to the first columns
-    right = jnp.concatenate([right, right[:, :wrap]], axis=1)  # [Rp, Pp+wrap, E+2]
-    w_cols = jnp.concatenate([wp, wp[:, :wrap]], axis=1)  # [Rp, Pp+wrap]
-    columns = [w_cols[..., None]] if need_kw or need_rhs else []
-    if need_rhs:
-        wu = wp[..., None] * Up  # [Rp, Pp, E]
-        columns.append(jnp.concatenate([wu, wu[:, :wrap]], axis=1))
-    rhs = jnp.concatenate(columns, axis=-1) if columns else None  # [Rp, Pp+wrap, K]
+    with_h = need_kw or need_rhs
     # band position j of row block i is column block i + j // b: block 0 is the diagonal block
     # (its own transpose), and with an even nb the last block pair of the band is met twice
     pair = np.full(hb, 2.0)  # [hb] weight of the unordered pair in the sums
@@ -390,8 +460,27 @@ def _se_band_sweep(U, w, block_size, *, need_kw: bool, need_rhs: bool):
     transpose = jnp.asarray((pair == 2.0).astype(np.float64), dtype)  # [hb] blocks that also serve their column block
     pair = jnp.asarray(pair, dtype)
 
-    def chunk(xs):
-        L, Rr, wc, H = xs  # [r, Pp, E+2], [r, Pp+wrap, E+2], [r, Pp+wrap], [r, Pp+wrap, K] or None
+    def band_inputs(u, wu):
+        """Augmented rows of r images ``[r, Pp, E+2]``, band columns ``[r, Pp+wrap, E+2]``, their
+        weights ``[r, Pp+wrap]`` and right-hand sides ``[r, Pp+wrap, K]`` (or None)."""
+        up = jnp.pad(u, ((0, 0), (0, Pp - P), (0, 0)))  # [r, Pp, E]  padded patches have weight 0
+        wp = jnp.pad(wu, ((0, 0), (0, Pp - P)))  # [r, Pp]
+        half_sq = -0.5 * jnp.sum(up**2, axis=-1, keepdims=True)  # [r, Pp, 1]
+        ones = jnp.ones_like(half_sq)
+        left = jnp.concatenate([up, half_sq, ones], axis=-1)  # [r, Pp, E+2]
+        right = jnp.concatenate([up, ones, half_sq], axis=-1)  # [r, Pp, E+2]
+        right = jnp.concatenate([right, right[:, :wrap]], axis=1)  # [r, Pp+wrap, E+2]
+        w_cols = jnp.concatenate([wp, wp[:, :wrap]], axis=1)  # [r, Pp+wrap]
+        columns = [w_cols[..., None]] if with_h else []
+        if need_rhs:
+            wup = wp[..., None] * up  # [r, Pp, E]
+            columns.append(jnp.concatenate([wup, wup[:, :wrap]], axis=1))
+        rhs = jnp.concatenate(columns, axis=-1) if columns else None  # [r, Pp+wrap, K]
+        return left, right, w_cols, rhs
+
+    def band(u, wu):
+        """The band sweep of r images ``[r, P, E]``, ``[r, P]``: ``[r]``, ``[r]``, ``[r, Pp, K]`` or None."""
+        L, Rr, wc, H = band_inputs(u, wu)
 
         def body(carry, i):
             total, t, col = carry  # [r], [r], [r, Pp+wrap, K]
@@ -425,10 +514,32 @@ def _se_band_sweep(U, w, block_size, *, need_kw: bool, need_rhs: bool):
         KH = KH.at[:, :wrap].add(col[:, Pp:])
         return total, t, KH
 
-    def split(a):  # [Rp, ...] -> [Rp/r, r, ...]
-        return None if a is None else a.reshape(Rp // r, r, *a.shape[1:])
+    sweep = band
+    if distinct:  # r = 1
+        bd = DISTINCT_BLOCK if block_size is None else max(1, int(block_size))
+        Pd = -(-P // bd) * bd
 
-    total, t, KH = jax.lax.map(chunk, (split(left), split(right), split(w_cols), split(rhs)))
+        def distinct_sweep(u, wu):  # one image: the pair sweep over its distinct patches, or the band
+            Ud, Wd, group, n = _distinct_rows(u[0], wu[0])  # [P, E], [P], [P], []
+            num_blocks = (n + bd - 1) // bd
+
+            def pairs():
+                padded = jnp.pad(Ud, ((0, Pd - P), (0, 0))), jnp.pad(Wd, (0, Pd - P))  # [Pd, E], [Pd]
+                total, t, KH = _pair_sweep(*padded, num_blocks, bd, need_rhs, with_h)
+                if KH is not None:
+                    KH = jnp.pad(KH[group], ((0, Pp - P), (0, 0)))[None]  # [1, Pp, K]  back to the patches
+                return total[None], t[None], KH
+
+            use_pairs = num_blocks * (num_blocks + 1) // 2 <= DISTINCT_TILES_PER_BAND_TILE * nb
+            return jax.lax.cond(use_pairs, pairs, lambda: band(u, wu))
+
+        def sweep(u, wu):
+            constant = jnp.sum(jnp.max(u[0], axis=-1) == jnp.min(u[0], axis=-1))  # [] constant patches
+            return jax.lax.cond(constant >= DISTINCT_MIN_CONSTANT_FRACTION * P, distinct_sweep, band, u, wu)
+
+    Ur = jnp.pad(U, ((0, Rp - R), (0, 0), (0, 0))).reshape(Rp // r, r, P, E)  # [Rp/r, r, P, E]
+    wr = jnp.pad(w, ((0, Rp - R), (0, 0))).reshape(Rp // r, r, P)  # [Rp/r, r, P]
+    total, t, KH = jax.lax.map(lambda xs: sweep(*xs), (Ur, wr))
     total, t = total.reshape(Rp)[:R], t.reshape(Rp)[:R]  # [R], [R]
     if KH is None:
         return total, t, None, None
@@ -436,16 +547,16 @@ def _se_band_sweep(U, w, block_size, *, need_kw: bool, need_rhs: bool):
     return total, t, KH[..., 0], (KH[..., 1:] if need_rhs else None)
 
 
-def _se_value(X, lengthscale, w, block_size):
-    return _se_band_sweep(X / lengthscale, w, block_size, need_kw=False, need_rhs=False)[0]  # [R]
+def _se_value(X, lengthscale, w, block_size, distinct):
+    return _se_band_sweep(X / lengthscale, w, block_size, need_kw=False, need_rhs=False, distinct=distinct)[0]  # [R]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _se_gram(X, lengthscale, w, block_size):
-    return _se_value(X, lengthscale, w, block_size)  # [R]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _se_gram(X, lengthscale, w, block_size, distinct):
+    return _se_value(X, lengthscale, w, block_size, distinct)  # [R]
 
 
-def _se_gram_fwd(X, lengthscale, w, block_size):
+def _se_gram_fwd(X, lengthscale, w, block_size, distinct):
     """Value and the gradients that are needed, in the same sweep (``symbolic_zeros``: inputs that
     are not differentiated — the data patches, the unit weights of the plain kernel — cost nothing).
 
@@ -457,7 +568,7 @@ def _se_gram_fwd(X, lengthscale, w, block_size):
     ls_scalar = jnp.ndim(ls) == 0
     need_rhs = X.perturbed or (lengthscale.perturbed and not ls_scalar)
     U = Xv / ls  # [R, P, E]
-    value, t, Kw, KWU = _se_band_sweep(U, wv, block_size, need_kw=w.perturbed or need_rhs, need_rhs=need_rhs)
+    value, t, Kw, KWU = _se_band_sweep(U, wv, block_size, need_kw=w.perturbed or need_rhs, need_rhs=need_rhs, distinct=distinct)
     dU = -2.0 * wv[..., None] * (U * Kw[..., None] - KWU) if need_rhs else None  # [R, P, E]
     dX = dU / ls if X.perturbed else None  # [R, P, E]
     dls = None
@@ -469,7 +580,7 @@ def _se_gram_fwd(X, lengthscale, w, block_size):
     return value, (dX, dls, dw)
 
 
-def _se_gram_bwd(block_size, residuals, cotangent):
+def _se_gram_bwd(block_size, distinct, residuals, cotangent):
     dX, dls, dw = residuals  # [R, P, E] or None, [R] / [R, E] or None, [R, P] or None
     ct = cotangent  # [R]
     out_X = None if dX is None else ct[:, None, None] * dX  # [R, P, E]
@@ -481,7 +592,7 @@ def _se_gram_bwd(block_size, residuals, cotangent):
 _se_gram.defvjp(_se_gram_fwd, _se_gram_bwd, symbolic_zeros=True)
 
 
-def se_patch_gram_sum(U, weights, block_size: int | None = None, *, lengthscale=None):
+def se_patch_gram_sum(U, weights, block_size: int | None = None, *, lengthscale=None, distinct: bool = False):
     """Σ_pq w_p w_q exp(−½‖u_p − u_q‖²) per row, u = U / ``lengthscale``: U ``[R, P, E]``, weights ``[R, P]`` -> ``[R]``.
 
     The Kff diagonal of a convolutional kernel with an SE base kernel (seed 000 eq. 18, the
@@ -490,12 +601,14 @@ def se_patch_gram_sum(U, weights, block_size: int | None = None, *, lengthscale=
     symmetric sweep (:func:`_se_band_sweep`): about R·P²/2 exps, each evaluated once, never an
     ``[R, P, P]`` array. With the data patches not differentiated and a scalar lengthscale the
     gradients are scalars per row (no K·(w∘U) products at all). ``block_size`` fixes the side
-    of the square Gram blocks. First-order reverse mode only (no forward mode, no Hessians).
+    of the square Gram blocks. ``distinct``: sweep each image over its distinct patches when they
+    are few (exact; ``kff_method="distinct"``). First-order reverse mode only (no forward mode, no
+    Hessians).
     """
     U = jnp.asarray(U)
     weights = jnp.broadcast_to(jnp.asarray(weights, U.dtype), U.shape[:2])  # [R, P]
     lengthscale = jnp.asarray(1.0 if lengthscale is None else lengthscale, U.dtype)  # [] or [E]
-    return _se_gram(U, lengthscale, weights, block_size)
+    return _se_gram(U, lengthscale, weights, block_size, bool(distinct))
 
 
 def _checkpointed_gram_sum(kernel: Kernel, patches, weights, block_size: int | None):
@@ -520,19 +633,22 @@ def _checkpointed_gram_sum(kernel: Kernel, patches, weights, block_size: int | N
 def patch_gram_sum(kernel: Kernel, patches, weights, method: str = "auto", block_size: int | None = None):
     """Σ_pq w_p w_q k(x_p, x_q) per row: patches ``[R, P, E]``, weights ``[R, P]`` -> ``[R]``.
 
-    ``method``: ``"fused"`` (SE base kernel only, :func:`se_patch_gram_sum`), ``"checkpoint"``
-    (any kernel, row blocks under ``jax.checkpoint``), ``"naive"`` (materialises ``[R, P, P]``;
-    the reference for tests and benchmarks) or ``"auto"`` (fused for SE, else checkpoint).
+    ``method``: ``"fused"`` (SE base kernel only, :func:`se_patch_gram_sum`, the symmetric band
+    sweep), ``"distinct"`` (the same, each image over its distinct patches when they are few),
+    ``"checkpoint"`` (any kernel, row blocks under ``jax.checkpoint``), ``"naive"`` (materialises
+    ``[R, P, P]``; the reference for tests and benchmarks) or ``"auto"`` (for SE: distinct on CPU,
+    where images are swept one at a time anyway, fused on accelerators; else checkpoint).
     """
     kernel = kernel.resolved()
     weights = jnp.broadcast_to(weights, patches.shape[:2])  # [R, P]
     if method == "auto":
-        method = "fused" if _is_plain_se(kernel) else "checkpoint"
-    if method == "fused":
+        method = ("distinct" if jax.default_backend() == "cpu" else "fused") if _is_plain_se(kernel) else "checkpoint"
+    if method in ("fused", "distinct"):
         if not _is_plain_se(kernel):
-            raise InvalidArgumentError("kff_method", f"'fused' needs a SquaredExponential base kernel, got {type(kernel).__name__}")
+            raise InvalidArgumentError("kff_method", f"{method!r} needs a SquaredExponential base kernel, got {type(kernel).__name__}")
         lengthscale = jnp.asarray(kernel.lengthscale, patches.dtype)  # [] or [E]
-        return kernel.variance * se_patch_gram_sum(patches, weights, block_size, lengthscale=lengthscale)  # [R]
+        sums = se_patch_gram_sum(patches, weights, block_size, lengthscale=lengthscale, distinct=method == "distinct")  # [R]
+        return kernel.variance * sums
     if method == "checkpoint":
         return _checkpointed_gram_sum(kernel, patches, weights, block_size)  # [R]
     if method == "naive":
@@ -623,8 +739,8 @@ class ConvolutionalKernel(Kernel):
             raise InvalidArgumentError("kff_method", f"must be one of {KFF_METHODS}, got {self.kff_method!r}")
         if not isinstance(self.base_kernel, Kernel):
             raise InvalidArgumentError("base_kernel", f"must be a Kernel, got {type(self.base_kernel).__name__}")
-        if self.kff_method == "fused" and type(self.base_kernel) is not SquaredExponential:
-            raise InvalidArgumentError("kff_method", "'fused' needs a SquaredExponential base kernel")
+        if self.kff_method in ("fused", "distinct") and type(self.base_kernel) is not SquaredExponential:
+            raise InvalidArgumentError("kff_method", f"{self.kff_method!r} needs a SquaredExponential base kernel")
         if self.kuf_method not in KUF_METHODS:
             raise InvalidArgumentError("kuf_method", f"must be one of {KUF_METHODS}, got {self.kuf_method!r}")
         if self.kuf_method == "fused" and type(self.base_kernel) is not SquaredExponential:
