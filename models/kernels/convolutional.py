@@ -40,7 +40,10 @@ is :func:`se_patch_gram_sum`, a ``jax.custom_vjp`` whose forward pass under diff
 computes the value and the gradients that are needed in one sweep that visits each unordered
 pair of patch blocks once (the Gram is symmetric: ≈ N·P²/2 exps, each evaluated once, no
 ``[N, P, P]`` temporary); with a scalar lengthscale and data patches that are not differentiated
-its gradients are a few scalars per image. Other base kernels use row blocks under
+its gradients are a few scalars per image. Equal patches have equal rows in the Gram, so an image
+with a background (MNIST: ~40% of its 5×5 patches are blank; rectangles: ~80% of 3×3) is swept
+over its distinct patches with summed weights (``kff_method="distinct"``, the default on CPU):
+exact, with work that follows the distinct patches. Other base kernels use row blocks under
 ``jax.checkpoint`` (same memory bound, recomputation in the backward pass).
 """
 
@@ -98,23 +101,18 @@ def image_dims(image_shape) -> tuple[int, int, int]:
     return shape if len(shape) == 3 else shape + (1,)
 
 
-@functools.lru_cache(maxsize=64)
-def _patch_index(height: int, width: int, channels: int, patch_h: int, patch_w: int) -> np.ndarray:
-    """Flat pixel indices ``[P, h*w*C]`` of every stride-1 patch of a channel-last image."""
-    rows = np.arange(height - patch_h + 1)[:, None, None, None, None]  # [H', 1, 1, 1, 1]
-    cols = np.arange(width - patch_w + 1)[None, :, None, None, None]  # [1, W', 1, 1, 1]
-    dy = np.arange(patch_h)[None, None, :, None, None]  # [1, 1, h, 1, 1]
-    dx = np.arange(patch_w)[None, None, None, :, None]  # [1, 1, 1, w, 1]
-    c = np.arange(channels)[None, None, None, None, :]  # [1, 1, 1, 1, C]
-    index = ((rows + dy) * width + (cols + dx)) * channels + c  # [H', W', h, w, C]
-    return index.reshape((height - patch_h + 1) * (width - patch_w + 1), patch_h * patch_w * channels)
-
-
 def extract_patches(images, patch_shape):
-    """All stride-1 patches of ``images`` ``[B, H, W, C]`` as rows: ``[B, P, h*w*C]`` (one gather)."""
+    """All stride-1 patches of ``images`` ``[B, H, W, C]`` as rows: ``[B, P, h*w*C]``.
+
+    One strided slice per patch offset (dy, dx), stacked: XLA's CPU backend laid a flat-index
+    gather out image-minor and transposed it for every consumer, which cost 10% of an MNIST-10
+    training step (benchmarks/conv_kernels.py).
+    """
     B, H, W, C = images.shape
-    index = _patch_index(H, W, C, *patch_shape)  # [P, E]
-    return images.reshape(B, H * W * C)[:, index]  # [B, P, E]
+    h, w = patch_shape
+    rows, cols = H - h + 1, W - w + 1
+    shifted = [images[:, dy : dy + rows, dx : dx + cols, :] for dy in range(h) for dx in range(w)]  # h*w × [B, H', W', C]
+    return jnp.stack(shifted, axis=3).reshape(B, rows * cols, h * w * C)  # [B, P, E]  elements (dy, dx, c)
 
 
 # ----------------------------------------------------------------------------- inner-product strategies
@@ -168,6 +166,10 @@ def patch_sqdist(images, filters, lengthscale, products=ConvolutionProducts()):
 # ----------------------------------------------------------------------------- Kuf, SE base kernel
 #: Target number of elements of one ``[r, P, M]`` chunk of the fused Kuf backward pass (fits in L2).
 KUF_CHUNK_ELEMENTS = 2**18
+#: ``kuf_method="auto"`` takes the fused path from this many inducing patches on: with M = 16
+#: (rectangles) plain autodiff was ~15% faster per ELBO step, from M = 48 on the fused path was
+#: 2-3x faster (benchmarks/conv_kernels.py).
+KUF_FUSED_MIN_INDUCING = 32
 
 
 @jax.tree_util.register_static
@@ -378,7 +380,13 @@ def _distinct_rows(U, w):
     sorted_group = jnp.cumsum(first) - 1  # [P]
     group = jnp.zeros((P,), sorted_group.dtype).at[order].set(sorted_group)  # [P]
     Ud = jnp.zeros_like(U).at[sorted_group].set(Us)  # [P, E]  (equal rows write the same values)
-    Wd = jax.ops.segment_sum(w[order], sorted_group, num_segments=P)  # [P]
+    # group weights in two stages (runs of at most 32 sorted rows, then their runs per group):
+    # one float32 sum along a group of hundreds of background patches lost 1e-5 relative
+    run = jnp.cumsum(first | (jnp.arange(P) % 32 == 0)) - 1  # [P] run of each sorted row
+    num_runs = P + P // 32 + 1  # a bound on the number of runs
+    run_sums = jax.ops.segment_sum(w[order], run, num_segments=num_runs, indices_are_sorted=True)  # [num_runs]
+    run_group = jnp.full((num_runs,), P, sorted_group.dtype).at[run].set(sorted_group)  # [num_runs]  P: no run
+    Wd = jax.ops.segment_sum(run_sums, run_group, num_segments=P, indices_are_sorted=True)  # [P]
     return Ud, Wd, group, sorted_group[-1] + 1
 
 
@@ -699,11 +707,13 @@ class ConvolutionalKernel(Kernel):
     benchmark CPU, see benchmarks/conv_kernels.py — "conv", or any strategy object with
     ``__call__(images [B, H, W, C], filters [F, h, w, C]) -> [B, P, F]``, hashable since it is
     static pytree data) computes patch inner products;
-    ``kff_method`` picks the Kff-diagonal path (:data:`KFF_METHODS`); ``kff_block`` fixes its row
-    block (default: tiles of about :data:`KFF_TILE_ELEMENTS` elements); ``kuf_method`` picks the
+    ``kff_method`` picks the Kff-diagonal path (:data:`KFF_METHODS`, :func:`patch_gram_sum`);
+    ``kff_block`` fixes its block side (default: :data:`SE_BLOCK` / :data:`DISTINCT_BLOCK` for
+    SE, tiles of about :data:`KFF_TILE_ELEMENTS` elements otherwise); ``kuf_method`` picks the
     Kuf path (:data:`KUF_METHODS`): ``"fused"`` (SE base kernel only, :func:`se_patch_cross_sum`,
     a custom gradient), ``"autodiff"`` (any stationary base kernel: distances by ``products``, plain
-    autodiff) or ``"auto"`` (fused for SE).
+    autodiff) or ``"auto"`` (fused for SE with at least :data:`KUF_FUSED_MIN_INDUCING` inducing
+    patches).
     """
 
     base_kernel: Kernel
@@ -858,7 +868,8 @@ class ConvolutionalKernel(Kernel):
     def _kzx(self, Z, X):
         weights = self._patch_weights() * self._stream_scales()[:, None]  # [S, P]
         base = self.base_kernel.resolved()
-        if self.kuf_method == "fused" or (self.kuf_method == "auto" and _is_plain_se(base)):
+        fused_auto = _is_plain_se(base) and Z.shape[0] >= KUF_FUSED_MIN_INDUCING
+        if self.kuf_method == "fused" or (self.kuf_method == "auto" and fused_auto):
             per_stream = self._se_stream_cross(Z, X, base, weights)  # [S, M, N]
         else:
             K = self._patch_filter_cov(Z, X)  # [S, N, P, M]
