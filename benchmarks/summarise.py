@@ -26,12 +26,13 @@ README = ROOT / "README.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 #: the order files appear in; files not listed follow alphabetically.
-ORDER = ("reproduce_conv", "reproduce_invariance", "conv_kernels", "svgp_scaling", "polya_gamma_throughput",
+ORDER = ("reproduce_conv", "reproduce_invariance", "conv_kernels", "conv_kernels_mnist10", "svgp_scaling", "polya_gamma_throughput",
          "invariance_toy", "gpflow_side_by_side", "pg_natgrad")
 TITLES = {
     "reproduce_conv": "Seed 000 reproduction: convolutional GPs (`benchmarks/reproduce_conv.py`)",
     "reproduce_invariance": "Seed 001 reproduction: learned invariances (`benchmarks/reproduce_invariance.py`)",
     "conv_kernels": "Convolutional kernel hot paths against this machine's limits (`benchmarks/conv_kernels.py`)",
+    "conv_kernels_mnist10": "Convolutional kernel hot paths, MNIST-10 configuration (`benchmarks/conv_kernels.py --config mnist10`)",
     "svgp_scaling": "SVGP step time against a hand-written JAX step (`benchmarks/svgp_scaling.py`)",
     "polya_gamma_throughput": "Pólya–Gamma sampler throughput (`benchmarks/polya_gamma_throughput.py`)",
     "invariance_toy": "Invariant GP on the symmetric toy function, seed 001 fig. 2 (`benchmarks/invariance_toy.py`)",
@@ -229,6 +230,9 @@ def _pg_natgrad(report: dict) -> list[str]:
                 f"{yes_no(report['goal_met'])}, Anderson-accelerated CAVI {yes_no(report.get('goal_met_anderson'))}. "
                 f"{provenance(report)}", ""] + \
         table(["(ℓ, σ²)", "N", "M", "CAVI steps / time", "CAVI + Anderson", "Adam", "ratio", "ratio (Anderson)"], rows)
+
+
+FORMATTERS["conv_kernels_mnist10"] = FORMATTERS["conv_kernels"]
 
 
 def generic(report: dict) -> list[str]:
