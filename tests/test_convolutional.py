@@ -388,16 +388,22 @@ def test_symmetric_se_sweep_gradients_for_every_subset_of_inputs(rng, P, block):
     w = jnp.asarray(rng.normal(size=(3, P)))  # [R, P]
     ct = jnp.asarray(rng.normal(size=3))  # [R]
 
+    _assert_sweep_matches_autodiff(rng, X, w, ct, lambda X, ls, w: se_patch_gram_sum(X, w, block, lengthscale=ls))
+
+
+def _assert_sweep_matches_autodiff(rng, X, w, ct, sweep):
+    """``ct · sweep(X, ls, w)`` and its gradients for every subset of (X, ls, w) equal autodiff of
+    the explicit Gram, for a scalar and an ARD lengthscale."""
     def naive(X, ls, w):
         return jnp.dot(ct, _naive_gram(X / ls, w))
 
-    def fused(X, ls, w):
-        return jnp.dot(ct, se_patch_gram_sum(X, w, block, lengthscale=ls))
+    def swept(X, ls, w):
+        return jnp.dot(ct, sweep(X, ls, w))
 
     for ls in (jnp.float64(1.3), jnp.asarray(rng.uniform(0.5, 2.0, size=4))):
-        np.testing.assert_allclose(fused(X, ls, w), naive(X, ls, w), rtol=1e-12)
+        np.testing.assert_allclose(swept(X, ls, w), naive(X, ls, w), rtol=1e-12)
         for argnums in [(0, 1, 2), (1,), (2,), (1, 2), (0,)]:
-            got = jax.jit(jax.grad(fused, argnums=argnums))(X, ls, w)
+            got = jax.jit(jax.grad(swept, argnums=argnums))(X, ls, w)
             want = jax.grad(naive, argnums=argnums)(X, ls, w)
             for a, b in zip(got, want):
                 np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
@@ -422,19 +428,8 @@ def test_distinct_patch_sweep_gradients_for_every_subset_of_inputs(rng, P, block
     w = jnp.asarray(rng.normal(size=(3, P)))  # [R, P]
     ct = jnp.asarray(rng.normal(size=3))  # [R]
 
-    def naive(X, ls, w):
-        return jnp.dot(ct, _naive_gram(X / ls, w))
-
-    def distinct(X, ls, w):
-        return jnp.dot(ct, se_patch_gram_sum(X, w, block, lengthscale=ls, distinct=True))
-
-    for ls in (jnp.float64(1.3), jnp.asarray(rng.uniform(0.5, 2.0, size=4))):
-        np.testing.assert_allclose(distinct(X, ls, w), naive(X, ls, w), rtol=1e-12)
-        for argnums in [(0, 1, 2), (1,), (2,), (1, 2), (0,)]:
-            got = jax.jit(jax.grad(distinct, argnums=argnums))(X, ls, w)
-            want = jax.grad(naive, argnums=argnums)(X, ls, w)
-            for a, b in zip(got, want):
-                np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+    _assert_sweep_matches_autodiff(rng, X, w, ct,
+                                   lambda X, ls, w: se_patch_gram_sum(X, w, block, lengthscale=ls, distinct=True))
 
 
 def test_distinct_rows_merge_only_equal_patches(rng):
