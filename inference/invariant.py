@@ -165,22 +165,6 @@ class InvariantSVGP(SVGP):
         """Free per-datum tilts are read at the batch's training-set rows, which ``fit`` then passes."""
         return self.pg_c == "free"
 
-    # ------------------------------------------------------------------ NumPyro program
-    def model(self, X, y, num_data=None, data_indices=None):
-        """:meth:`SVGP.model`, with ``data_indices`` ``[B]``: the batch's rows in the training set (free tilts)."""
-        if data_indices is None:
-            return super().model(X, y, num_data)
-        parts = self.parts()
-        numpyro.deterministic("jitter", parts.jitter)
-        numpyro.sample("u", self.prior(parts))
-        batch = X.shape[0]
-        with numpyro.plate("data", num_data or batch, subsample_size=batch):
-            numpyro.factor("ell", self.expected_log_lik(parts, X, y, data_indices=data_indices, num_data=num_data or batch))
-
-    def guide(self, X, y, num_data=None, data_indices=None):
-        """:meth:`SVGP.guide` (the free tilts are params of the model, so the rows are not needed here)."""
-        return super().guide(X, y, num_data)
-
     # ------------------------------------------------------------------ estimators
     def moment_estimates(self, parts: Parts, X, key) -> MomentEstimates:
         """One draw of the unbiased estimates of μ_n, E[f_n²], σ_n² from S orbit samples."""

@@ -101,17 +101,24 @@ class SVGP:
         return InducingPosterior(parts.q_mu, parts.q_sqrt, self.spec.q_structure)
 
     # ------------------------------------------------------------------ NumPyro program
-    def model(self, X, y, num_data=None):
-        """X, y: a minibatch (or all data); ``num_data``: N of the full data set (N/B scaling)."""
+    #: Families with per-datum variational parameters set this: ``fit`` then passes the batch's
+    #: training-set rows as ``data_indices`` to ``model``/``guide``, and the model hands them (with
+    #: ``num_data``) to :meth:`expected_log_lik`.
+    needs_data_indices = False
+
+    def model(self, X, y, num_data=None, data_indices=None):
+        """X, y: a minibatch (or all data); ``num_data``: N of the full data set (N/B scaling);
+        ``data_indices`` ``[B]``: the rows' positions in the training set (``needs_data_indices``)."""
         parts = self.parts()
         numpyro.deterministic("jitter", parts.jitter)
         numpyro.sample("u", self.prior(parts))
         batch = X.shape[0]
         key = numpyro.prng_key() if parts.likelihood.stochastic_expectation else None
+        rows = {} if data_indices is None else {"data_indices": data_indices, "num_data": num_data or batch}
         with numpyro.plate("data", num_data or batch, subsample_size=batch):
-            numpyro.factor("ell", self.expected_log_lik(parts, X, y, key))
+            numpyro.factor("ell", self.expected_log_lik(parts, X, y, key, **rows))
 
-    def guide(self, X, y, num_data=None):
+    def guide(self, X, y, num_data=None, data_indices=None):
         if self.hyper_guide is not None:
             self.hyper_guide(X, y, num_data)
         parts_q = variational_params(
