@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpyro
 from numpyro.distributions import Distribution
 from numpyro.distributions.kl import kl_divergence
