@@ -1,6 +1,6 @@
 """Evaluation side of gpzoo: what the results mean (DESIGN §2).
 
->>> from analysis import to_datatree, compare_elbo, calibration, report, datasets
+>>> from gpzoo.analysis import to_datatree, compare_elbo, calibration, report, datasets
 
 ``to_datatree`` turns a fit into an ArviZ DataTree, ``compare_elbo`` ranks fits by ELBO
 (``analysis.compare`` also has PSIS-LOO), ``calibration`` scores predictions, ``report`` writes
@@ -9,7 +9,7 @@ an HTML/Markdown/CSV report (``analysis.report.rebuild_report`` regenerates one 
 
 ``report`` here is the *function* (its module is ``analysis.report``); it is bound eagerly so the
 name means the same whatever was imported first. The JAX-heavy ``to_datatree`` and
-``compare_elbo`` load on first use, so ``import analysis.datasets`` stays light.
+``compare_elbo`` load on first use, so ``import gpzoo.analysis.datasets`` stays light.
 
 ``numpyro`` is imported here, plainly and first: ``arviz_base`` registers a *lazy* ``numpyro``
 module (``lazy_loader``), and a first ``import numpyro.distributions`` after ``import arviz``
@@ -19,12 +19,12 @@ unset so that ``numpyro.factor`` fails. A plain ``import numpyro`` loads it prop
 
 import numpyro  # noqa: F401 - see below
 
-from analysis import calibration, datasets
-from analysis.report import report
+from gpzoo.analysis import calibration, datasets
+from gpzoo.analysis.report import report
 
 __all__ = ["calibration", "compare_elbo", "datasets", "report", "to_datatree"]
 
-_LAZY = {"to_datatree": "analysis.datatree", "compare_elbo": "analysis.compare"}
+_LAZY = {"to_datatree": "gpzoo.analysis.datatree", "compare_elbo": "gpzoo.analysis.compare"}
 
 
 def __getattr__(name: str):

@@ -4,7 +4,7 @@ Pure functions on NumPy arrays (or an ArviZ DataTree where ArviZ itself needs on
 receives predictions, never model objects.
 
 * multi-class — :func:`classification_metrics` (ECE and MCE with their binning stated, NLL,
-  NLL on misclassified points, Brier score, top-k error for k = 1, 2, 3 as in seed 002 Table 1),
+  NLL on misclassified points, Brier score, top-k error for k = 1, 2, 3 as in Dutordoir et al. 2020, Table 1),
   :func:`reliability_curve` and :func:`reliability_figure` (reliability diagram of top-label
   confidence). ArviZ has no binned reliability diagram or ECE, so these are written here.
 * binary — :func:`pav_calibration_figure` draws ArviZ's PAV-adjusted calibration plot
@@ -16,7 +16,7 @@ receives predictions, never model objects.
 
 Conventions. Probabilities are ``probs [N, C]`` (rows sum to 1) or, for a binary problem,
 ``probs [N]`` = p(y = 1). Labels are integers ``0 .. C-1``. Every input check raises a typed
-error from :mod:`models.errors` naming the argument, before any computation.
+error from :mod:`gpzoo.models.errors` naming the argument, before any computation.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 from scipy.optimize import isotonic_regression
 from scipy.special import ndtr, ndtri
 
-from models.errors import DataError, InvalidArgumentError, ShapeError, as_float_array
+from gpzoo.models.errors import DataError, InvalidArgumentError, ShapeError, as_float_array
 
 __all__ = [
     "BINNINGS",
@@ -210,11 +210,11 @@ def classification_metrics(probs, labels, *, num_bins: int = 15, binning: str = 
         non-empty bins of top-label confidence; ``binning`` states how the bins were made;
       * ``nll`` = −mean log p(y_n) (``inf`` if a true label was given probability 0, never
         clipped) and ``nll_misclassified`` (same on the top-1 errors; NaN if there are none),
-        as in seed 002 Table 1;
+        as in Dutordoir et al. 2020, Table 1;
       * ``brier`` = mean Σ_c (p_c − 1[y = c])² (multi-class form: for C = 2 it is twice the
         binary score mean (p − y)²);
       * ``accuracy`` and ``top{k}_error`` for k = 1, 2, 3 with k ≤ C: the fraction of points whose
-        label is not among the k largest probabilities (seed 002 §5.1), ties broken towards the
+        label is not among the k largest probabilities (Dutordoir et al. 2020, §5.1), ties broken towards the
         lower class index as :func:`numpy.argmax` does, so ``top1_error = 1 − accuracy``;
       * ``num_samples``, ``num_classes``.
 

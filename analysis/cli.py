@@ -128,8 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ----------------------------------------------------------------------------- commands
 def _cmd_list(args, out) -> int:
-    from analysis import datasets  # noqa: PLC0415 - deferred: keeps `gpzoo --help` fast
-    from models import zoo  # noqa: PLC0415
+    from gpzoo.analysis import datasets  # noqa: PLC0415 - deferred: keeps `gpzoo --help` fast
+    from gpzoo.models import zoo  # noqa: PLC0415
 
     for title, items in (("Models", zoo.describe()), ("Datasets", datasets.describe())):
         print(f"{title}:", file=out)
@@ -141,7 +141,7 @@ def _cmd_list(args, out) -> int:
 
 def _load_data(args):
     """The dataset, with train/test subsampled to --num-train/--num-test (loader options when it has them)."""
-    from analysis import datasets  # noqa: PLC0415
+    from gpzoo.analysis import datasets  # noqa: PLC0415
 
     if args.data not in datasets.names():
         raise UsageError(f"unknown dataset {args.data!r}; valid: {', '.join(datasets.names())}")
@@ -163,8 +163,8 @@ def _load_data(args):
 
 def _likelihood(name: str | None, ds):
     """The ``--likelihood`` for dataset ``ds`` (None: each model's default for the task)."""
-    from models import zoo  # noqa: PLC0415
-    from models.errors import InvalidArgumentError  # noqa: PLC0415
+    from gpzoo.models import zoo  # noqa: PLC0415
+    from gpzoo.models.errors import InvalidArgumentError  # noqa: PLC0415
 
     if name is None:
         return None
@@ -177,8 +177,8 @@ def _likelihood(name: str | None, ds):
 def _build_spec(name: str, ds, num_inducing: int, likelihood=None):
     """zoo.get(name, ...) with the dataset's facts (input_dim, task, num_classes, image_shape,
     num_inducing) and the likelihood when one is given; a fact the builder does not take is dropped."""
-    from models import zoo  # noqa: PLC0415
-    from models.errors import InvalidArgumentError  # noqa: PLC0415
+    from gpzoo.models import zoo  # noqa: PLC0415
+    from gpzoo.models.errors import InvalidArgumentError  # noqa: PLC0415
 
     if name not in zoo.names():
         raise UsageError(f"unknown model {name!r}; valid: {', '.join(zoo.names())}")
@@ -206,10 +206,10 @@ def _build_spec(name: str, ds, num_inducing: int, likelihood=None):
 
 
 def _fit_and_report(args, model_names: list[str], out) -> int:
-    from analysis.report import check_writable, report, summary_columns  # noqa: PLC0415
-    from inference.fit import fit  # noqa: PLC0415
+    from gpzoo.analysis.report import check_writable, report, summary_columns  # noqa: PLC0415
+    from gpzoo.inference.fit import fit  # noqa: PLC0415
 
-    from models import zoo  # noqa: PLC0415
+    from gpzoo.models import zoo  # noqa: PLC0415
 
     if len(set(model_names)) != len(model_names):
         raise UsageError(f"--models lists a model twice: {','.join(model_names)}")
@@ -259,7 +259,7 @@ def _cmd_compare(args, out) -> int:
 
 
 def _cmd_report(args, out) -> int:
-    from analysis.report import rebuild_report, summary_columns  # noqa: PLC0415
+    from gpzoo.analysis.report import rebuild_report, summary_columns  # noqa: PLC0415
 
     path = rebuild_report(args.dir)
     _print_summary(path.parent, out, summary_columns)
@@ -286,9 +286,9 @@ def main(argv=None) -> int:
     import matplotlib  # noqa: PLC0415 - figures are written to files: no display needed
 
     matplotlib.use("Agg")
-    from analysis.datasets import UnknownDatasetError  # noqa: PLC0415
-    from models.errors import GPZooError  # noqa: PLC0415
-    from models.zoo import UnknownModelError  # noqa: PLC0415
+    from gpzoo.analysis.datasets import UnknownDatasetError  # noqa: PLC0415
+    from gpzoo.models.errors import GPZooError  # noqa: PLC0415
+    from gpzoo.models.zoo import UnknownModelError  # noqa: PLC0415
 
     try:
         return _COMMANDS[args.command](args, sys.stdout)

@@ -2,7 +2,7 @@
 
 Two rankings of the same fitted models, which need not agree:
 
-* :func:`compare_elbo` — the evidence lower bound (seed 000 eq. 5) on the same data, best first,
+* :func:`compare_elbo` — the evidence lower bound (van der Wilk et al. 2017, eq. 5) on the same data, best first,
   with its MC standard error, ΔELBO to the best and ELBO per datum. It ranks how well each model
   *explains* the training data, penalised by KL[q(u) || p(u)].
 * :func:`compare_loo` — PSIS-LOO (Vehtari et al. 2017) of the predictive p(y_i | y_-i), estimated
@@ -26,9 +26,9 @@ import pandas as pd
 import xarray as xr
 from matplotlib.figure import Figure
 
-from analysis.datatree import LOO_VAR_NAME
-from inference.fit import FitResult, evaluate_elbo
-from models.errors import InvalidArgumentError
+from gpzoo.analysis.datatree import LOO_VAR_NAME
+from gpzoo.inference.fit import FitResult, evaluate_elbo
+from gpzoo.models.errors import InvalidArgumentError
 
 __all__ = [
     "compare_elbo",

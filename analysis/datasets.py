@@ -4,7 +4,7 @@ Every dataset is an immutable :class:`Dataset` with read-only NumPy arrays. Imag
 flattened, one per row: ``[N, H*W]`` or ``[N, H*W*C]`` (channel-last), values in ``[0, 1]``.
 Classification labels are ``int64`` in ``0 .. num_classes - 1``. Example::
 
-    from analysis import datasets
+    from gpzoo.analysis import datasets
     datasets.names()                                      # every registered dataset
     ds = datasets.load("rectangles", seed=3, num_test=500)
     ds.X_train.shape, ds.image_shape                      # (1200, 784), (28, 28)
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.errors import DataError, GPZooError, InvalidArgumentError, ShapeError, is_concrete
+from gpzoo.models.errors import DataError, GPZooError, InvalidArgumentError, ShapeError, is_concrete
 
 __all__ = [
     "Dataset",
@@ -384,11 +384,11 @@ def _classification(name, X_train, y_train, X_test, y_test, num_classes, image_s
 
 
 # ----------------------------------------------------------------------------------------------
-# rectangles (seed 000 §3.1)
+# rectangles (van der Wilk et al. 2017, §3.1)
 
 _RECTANGLES = (
     "28x28 outlines of random rectangles, |width - height| >= 3 as in Larochelle et al. (2007); label 1 if wider "
-    "than tall (seed 000 §3.1); 1,200 train / 1,000 test"
+    "than tall (van der Wilk et al. 2017, §3.1); 1,200 train / 1,000 test"
 )
 
 
@@ -429,7 +429,7 @@ def _load_rectangles(
     *, seed: int, num_train: int = 1200, num_test: int = 1000, image_size: int = 28, min_side: int = 3,
     min_difference: int = 3,
 ):
-    """The rectangles task of seed 000 §3.1, generated like the data set it used (Larochelle et al.
+    """The rectangles task of van der Wilk et al. 2017, §3.1, generated like the data set it used (Larochelle et al.
     2007, "An empirical evaluation of deep architectures on problems with many factors of
     variation"): side pairs closer than ``min_difference`` pixels are rejected, so no rectangle is
     nearly square; ``min_difference=1`` keeps every pair with width ≠ height (a harder task)."""
@@ -681,7 +681,7 @@ def colour_patch_rule(X, image_shape) -> np.ndarray:
 def _load_colour_patches(
     *, seed: int, num_train: int = 1000, num_test: int = 1000, image_size: int = 12, cell_size: int = 2
 ):
-    """Generated colour task (seed 000 §3.4): a bar of three ``cell_size`` squares, in a row or a
+    """Generated colour task (van der Wilk et al. 2017, §3.4): a bar of three ``cell_size`` squares, in a row or a
     column at a random place, coloured by a permutation of pure red, green and blue.
 
     Rule (``colour_patch_rule``): label 1 iff the red and green squares touch (orders RGB, GRB,
@@ -692,7 +692,7 @@ def _load_colour_patches(
     * each single channel shows one square, and its position has the same distribution in both
       classes (the generator draws placements in pairs that make it so, see ``_COLOUR_ORDERS``):
       every pixel has the same class-conditional mean, so linear models of the pixels and any
-      function of one channel are at chance, and additive-over-channels models (seed 000
+      function of one channel are at chance, and additive-over-channels models (van der Wilk et al. 2017
       eq. 22-25) can only use second-order effects of the relation "red next to green";
     * a colour patch spanning a red/green edge (2x2 suffices) decides the label; with
       ``cell_size=2`` even a 3x3 patch never sees red and green together in a negative.
@@ -710,7 +710,7 @@ def _load_colour_patches(
 
 
 # ----------------------------------------------------------------------------------------------
-# Mauna Loa CO2 (kernel cookbook, seed 004)
+# Mauna Loa CO2 (kernel cookbook, Duvenaud 2014)
 
 _CO2 = (
     "Mauna Loa CO2, weekly series averaged per month, 1958-2001; last 20% is the test set; by default "
@@ -758,11 +758,11 @@ def _load_co2(*, seed: int, test_fraction: float = 0.2, standardise: bool = True
 
 
 # ----------------------------------------------------------------------------------------------
-# symmetric toy regression (seed 001 fig. 2)
+# symmetric toy regression (van der Wilk et al. 2018, fig. 2)
 
 _SYMMETRIC = (
     "2-D regression on [-3, 3]^2, f invariant under swapping x1, x2 (or 90-degree rotations), "
-    "Gaussian noise 0.1 (seed 001 fig. 2); 100 train / 500 test"
+    "Gaussian noise 0.1 (van der Wilk et al. 2018, fig. 2); 100 train / 500 test"
 )
 TOY_BOX = 3.0
 
@@ -773,7 +773,7 @@ def _toy_base(a, b):
 
 
 def symmetric_toy_function(X, symmetry: str = "swap") -> np.ndarray:
-    """Noise-free target of ``symmetric-toy``: the orbit average of ``_toy_base`` (seed 001 §4).
+    """Noise-free target of ``symmetric-toy``: the orbit average of ``_toy_base`` (van der Wilk et al. 2018, §4).
 
     ``X`` ``[N, 2]`` -> ``[N]``. ``symmetry="swap"``: f(x1, x2) = f(x2, x1);
     ``"rot90"``: f is unchanged by rotations of the plane by multiples of 90°.
@@ -808,7 +808,7 @@ def _load_symmetric_toy(
 ):
     """``train_region="fundamental"`` keeps the training inputs in one fundamental domain
     (x2 >= x1 for swap, the first quadrant for rot90) while the test inputs cover the whole box:
-    only an invariant model can then predict the other half (seed 001 fig. 2 discussion).
+    only an invariant model can then predict the other half (van der Wilk et al. 2018, fig. 2 discussion).
     """
     num_train = _check_int(num_train, "num_train")
     num_test = _check_int(num_test, "num_test")

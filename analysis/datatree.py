@@ -1,7 +1,7 @@
 """A fitted model as an ArviZ 1.x ``xarray.DataTree`` (built with ``arviz_base.from_dict``).
 
 Groups (one chain of ``num_draws`` draws from the approximate posterior, see
-:mod:`inference.posterior`):
+:mod:`gpzoo.inference.posterior`):
 
 ================== ==========================================================================
 posterior          ``u`` (chain, draw, latent, inducing): unwhitened inducing outputs u ~ q(u);
@@ -19,7 +19,7 @@ constant_data      ``X`` (obs_test, feature) and ``X_train`` (obs_train, feature
                    ``image_shape``) — a report stays small and the data live in the dataset
 predictive_moments ``f_mean``/``f_var``/``y_mean``/``y_var`` (obs_test, latent) and, for
                    classification, ``probs`` (obs_test, class): the analytic q(f*) predictive of
-                   :func:`inference.predict` used for calibration metrics
+                   :func:`gpzoo.inference.predict` used for calibration metrics
 optimization       ``elbo`` and ``learning_rate`` (step), the final type-II point estimates
                    (``kernel.*``, ``likelihood.*``, ``inducing.*``) and the fit's diagnostics
 ================== ==========================================================================
@@ -40,9 +40,9 @@ import numpy as np
 import xarray as xr
 from arviz_base import from_dict
 
-from inference.fit import FitResult, predict
-from inference.posterior import pointwise_given_u, sample_inducing
-from models.errors import InvalidArgumentError, ShapeError
+from gpzoo.inference.fit import FitResult, predict
+from gpzoo.inference.posterior import pointwise_given_u, sample_inducing
+from gpzoo.models.errors import InvalidArgumentError, ShapeError
 
 __all__ = ["LOO_VAR_NAME", "MAX_STORED_FEATURES", "MIN_DRAWS", "to_datatree"]
 
@@ -62,7 +62,7 @@ def to_datatree(res: FitResult, X_test, y_test, *, num_draws: int = 200, seed: i
     over them) for large training sets; held-out points are always included.
     """
     if not isinstance(res, FitResult):
-        raise InvalidArgumentError("res", f"expected a FitResult from inference.fit, got {type(res).__name__}")
+        raise InvalidArgumentError("res", f"expected a FitResult from gpzoo.inference.fit, got {type(res).__name__}")
     if not isinstance(num_draws, (int, np.integer)) or num_draws < MIN_DRAWS:
         raise InvalidArgumentError(
             "num_draws", f"must be an integer >= {MIN_DRAWS} (PSIS-LOO fits a Pareto tail to the largest draws), got {num_draws!r}"
@@ -163,7 +163,7 @@ def _predictive_moments(pred, num_test: int, num_latent: int) -> xr.Dataset:
     if pred.probs is not None:
         probs = np.asarray(pred.probs)  # [T, C]
         ds["probs"] = xr.DataArray(probs, dims=("obs_test", "class"), coords={"class": np.arange(probs.shape[1])})
-    ds.attrs["source"] = "inference.predict: analytic q(f*) marginals"
+    ds.attrs["source"] = "gpzoo.inference.predict: analytic q(f*) marginals"
     return ds
 
 

@@ -7,15 +7,15 @@ import math
 import numpy as np
 from matplotlib.figure import Figure
 
-from inference.components import inducing_patch_outputs
-from models.errors import InvalidArgumentError
+from gpzoo.inference.components import inducing_patch_outputs
+from gpzoo.models.errors import InvalidArgumentError
 
 __all__ = ["inducing_patches_figure"]
 
 
 def inducing_patches_figure(res, *, latent: int = 0, group: int = 0, ncols: int | None = None,
                             panel_size: float = 1.0) -> Figure:
-    """The learned inducing patches sorted by their inducing output E_q[u] (seed 000 fig. 1).
+    """The learned inducing patches sorted by their inducing output E_q[u] (van der Wilk et al. 2017, fig. 1).
 
     Patches with the largest output (evidence for the positive class / larger f) come first.
     ``latent`` picks the latent function (multi-class models), ``group`` the output group

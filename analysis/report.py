@@ -35,11 +35,11 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from analysis import calibration
-from models.errors import GPZooError, InvalidArgumentError
+from gpzoo.analysis import calibration
+from gpzoo.models.errors import GPZooError, InvalidArgumentError
 
 if TYPE_CHECKING:
-    from inference.fit import FitResult
+    from gpzoo.inference.fit import FitResult
 
 __all__ = [
     "ReportError", "check_writable", "comparison_table", "heldout_metrics", "load_report", "netcdf_engine",
@@ -141,8 +141,8 @@ def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset
     ``X_test``/``y_test`` are the held-out points; ``dataset`` (an ``analysis.datasets.Dataset``,
     optional) only adds its name and description. Returns the path of ``report.html``.
     """
-    from analysis.compare import elbo_estimates  # noqa: PLC0415 - JAX-heavy; keeps `import analysis` light
-    from analysis.datatree import to_datatree  # noqa: PLC0415
+    from gpzoo.analysis.compare import elbo_estimates  # noqa: PLC0415 - JAX-heavy; keeps `import gpzoo.analysis` light
+    from gpzoo.analysis.datatree import to_datatree  # noqa: PLC0415
 
     if not isinstance(results, Mapping) or not results:
         raise InvalidArgumentError("results", "expected a non-empty dict {name: FitResult}")
@@ -199,9 +199,9 @@ def _inducing_patches_figure(res: FitResult):
     if not any("patch" in str(kind) for kind in kinds):
         return None
     try:
-        from analysis import figures  # noqa: PLC0415 - optional module, written separately
+        from gpzoo.analysis import figures  # noqa: PLC0415 - optional module, written separately
     except ModuleNotFoundError as exc:
-        if exc.name != "analysis.figures":
+        if exc.name != "gpzoo.analysis.figures":
             raise
         return None
     draw = getattr(figures, "inducing_patches_figure", None)
@@ -236,7 +236,7 @@ def load_report(out_dir) -> tuple[dict, dict[str, xr.DataTree], dict[str, dict]]
 
 def rebuild_report(out_dir) -> Path:
     """Regenerate comparison.csv, the figures, report.md and report.html from ``out_dir/models``."""
-    from analysis.compare import compare_loo, elbo_table, ranking_disagreements  # noqa: PLC0415 - JAX-heavy
+    from gpzoo.analysis.compare import compare_loo, elbo_table, ranking_disagreements  # noqa: PLC0415 - JAX-heavy
 
     out = Path(out_dir)
     info, trees, metrics = load_report(out)
@@ -302,7 +302,7 @@ def comparison_table(elbo: pd.DataFrame, loo: pd.DataFrame, test: Mapping[str, M
 # ----------------------------------------------------------------------------- figures
 def _write_figures(out: Path, info: dict, trees: Mapping[str, xr.DataTree], loo: pd.DataFrame) -> list[dict]:
     """Draw and save every figure; returns [{file, title, model}] in report order."""
-    from analysis.compare import elbo_traces_figure  # noqa: PLC0415 - JAX-heavy
+    from gpzoo.analysis.compare import elbo_traces_figure  # noqa: PLC0415 - JAX-heavy
 
     figures_dir = out / "figures"
     written = []
@@ -395,7 +395,7 @@ def _dataset_line(info: dict) -> str:
 
 
 _NOTES = (
-    "ELBO: full-data evidence lower bound (seed 000 eq. 5) ± Monte Carlo standard error (0 when analytic); "
+    "ELBO: full-data evidence lower bound (van der Wilk et al. 2017, eq. 5) ± Monte Carlo standard error (0 when analytic); "
     "d_elbo is the gap to the best model. PSIS-LOO: leave-one-out elpd of the training points from "
     "draws u ~ q(u) importance-weighted to p(u | y) (az.loo_approximate_posterior); Pareto k above good_k "
     "marks unreliable points; many high k are usual for sparse GPs, because q(u) maximises the ELBO, "

@@ -1,4 +1,4 @@
-"""Hot paths of the convolutional GP (seed 000 §3.1, App. A.2) against this machine's limits.
+"""Hot paths of the convolutional GP (van der Wilk et al. 2017, §3.1, App. A.2) against this machine's limits.
 
 Settings (``--config``), SE base kernel, float32, a minibatch of B = 100 images of 28×28:
 
@@ -67,14 +67,12 @@ from numpyro.infer import SVI, TraceMeanField_ELBO  # noqa: E402
 from numpyro.optim import optax_to_numpyro  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(ROOT))
 
-from analysis import datasets  # noqa: E402
-from inference.fit import build_family  # noqa: E402
-from inference.inducing import initialise_inducing  # noqa: E402
-from models import zoo  # noqa: E402
-from models.kernels.convolutional import _cross_rows, _se_plan  # noqa: E402
+from gpzoo.analysis import datasets  # noqa: E402
+from gpzoo.inference.fit import build_family  # noqa: E402
+from gpzoo.inference.inducing import initialise_inducing  # noqa: E402
+from gpzoo.models import zoo  # noqa: E402
+from gpzoo.models.kernels.convolutional import _cross_rows, _se_plan  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 DTYPE = jnp.float32

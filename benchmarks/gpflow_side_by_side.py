@@ -1,6 +1,6 @@
 """gpzoo against GPflow 2.11 on the same convolutional-GP training run (DESIGN §6 anchor).
 
-Two configurations (seed 000 §3):
+Two configurations (van der Wilk et al. 2017, §3):
 
 * ``rectangles``: 1,200 generated 28×28 training images, binary, Bernoulli-logit likelihood,
   M = 16 inducing patches of 3×3;
@@ -96,12 +96,11 @@ def ensure_gpflow(install: bool) -> tuple[str | None, str]:
 # ============================================================================ shared problem
 def make_problem(name: str, steps: int, seed: int, quick: bool, directory: Path) -> dict:
     """Data, initial inducing patches and hyperparameters, minibatch indices -> an .npz both workers read."""
-    sys.path.insert(0, str(ROOT))
     import jax  # noqa: PLC0415
 
-    from analysis import datasets  # noqa: PLC0415
-    from inference.inducing import initialise_inducing  # noqa: PLC0415
-    from models import zoo  # noqa: PLC0415
+    from gpzoo.analysis import datasets  # noqa: PLC0415
+    from gpzoo.inference.inducing import initialise_inducing  # noqa: PLC0415
+    from gpzoo.models import zoo  # noqa: PLC0415
 
     cfg = dict(CONFIGS[name])
     ds = datasets.load(cfg["dataset"], seed=seed, **cfg["load"])
@@ -238,16 +237,15 @@ class GpzooRun:
     """gpzoo ``weighted-conv`` SVGP, one jit-compiled SVI update per step (as ``fit`` runs it)."""
 
     def __init__(self, job: dict, threads: int):
-        sys.path.insert(0, str(ROOT))
-        import jax  # noqa: PLC0415
+            import jax  # noqa: PLC0415
         import jax.numpy as jnp  # noqa: PLC0415
         import optax  # noqa: PLC0415
         from numpyro.infer import SVI, TraceMeanField_ELBO  # noqa: PLC0415
         from numpyro.optim import optax_to_numpyro  # noqa: PLC0415
 
-        from inference.fit import build_family  # noqa: PLC0415
-        from inference.inducing import InducingPatches  # noqa: PLC0415
-        from models import zoo  # noqa: PLC0415
+        from gpzoo.inference.fit import build_family  # noqa: PLC0415
+        from gpzoo.inference.inducing import InducingPatches  # noqa: PLC0415
+        from gpzoo.models import zoo  # noqa: PLC0415
 
         data = np.load(job["problem"])
         self.jax, self.jnp = jax, jnp

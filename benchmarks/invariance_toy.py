@@ -1,10 +1,10 @@
-"""Seed 001 fig. 2: a function symmetric under swapping x1, x2, fitted by an invariant and a plain SVGP.
+"""van der Wilk et al. 2018, fig. 2: a function symmetric under swapping x1, x2, fitted by an invariant and a plain SVGP.
 
 Two settings: training inputs over the whole box (``train_region="full"``, as in fig. 2: points
 on one half inform the function on the other, and the ELBO should prefer the invariant model),
 and over one fundamental domain only (x2 >= x1, ``"fundamental"``): there only the invariant
 model can predict the other half, but no training point tests that, so the ELBO need not tell
-the models apart (seed 001 eq. 5's chunk argument). Test inputs always cover the whole box. Writes ``benchmarks/results/invariance_toy.json``.
+the models apart (van der Wilk et al. 2018, eq. 5's chunk argument). Test inputs always cover the whole box. Writes ``benchmarks/results/invariance_toy.json``.
 
     /work/venv/bin/python benchmarks/invariance_toy.py
 """
@@ -20,10 +20,10 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-import inference.invariant  # noqa: E402,F401 - registers the invariant inducing kind / family
-from analysis import datasets  # noqa: E402
-from inference import evaluate_elbo, fit, predict  # noqa: E402
-from models import zoo  # noqa: E402
+import gpzoo.inference.invariant  # noqa: E402,F401 - registers the invariant inducing kind / family
+from gpzoo.analysis import datasets  # noqa: E402
+from gpzoo.inference import evaluate_elbo, fit, predict  # noqa: E402
+from gpzoo.models import zoo  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "invariance_toy.json"
 SETTINGS = dict(num_train=100, num_test=1000, noise_std=0.1, symmetry="swap")

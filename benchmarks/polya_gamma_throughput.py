@@ -33,10 +33,8 @@ import numpy as np  # noqa: E402
 import polyagamma  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(ROOT))
 
-from inference.polya_gamma import PolyaGamma  # noqa: E402
+from gpzoo.inference.polya_gamma import PolyaGamma  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "polya_gamma_throughput.json"
 C_VALUES = (0.0, 1.0, 5.0, 20.0)

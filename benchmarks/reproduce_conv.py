@@ -1,8 +1,8 @@
-"""Seed 000 §3 (convolutional GPs): rectangles, MNIST 0-vs-1 and MNIST 10-class, against the paper.
+"""van der Wilk et al. 2017, §3 (convolutional GPs): rectangles, MNIST 0-vs-1 and MNIST 10-class, against the paper.
 
 Three experiments, each selectable with ``--experiment``:
 
-* ``rectangles`` (seed 000 §3.1–3.2): 3×3 patches, M = 16, Adam 0.01, minibatches of 100;
+* ``rectangles`` (van der Wilk et al. 2017, §3.1–3.2): 3×3 patches, M = 16, Adam 0.01, minibatches of 100;
   conv (paper 1.4 % error, NLPP 0.055; goal ≤ 2 %), weighted-conv (paper 0 %, 0.005; goal
   ≤ 0.5 %) and an RBF SVGP baseline (paper 5.0 %, 0.258 with 1,200 inducing points and BFGS;
   rectangles has 1,181 distinct training images here, so the default is M = 1,000, recorded).
@@ -34,7 +34,6 @@ from pathlib import Path
 import jax
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
 from _common import machine_info, merge_results, now  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "reproduce_conv.json"
@@ -102,7 +101,7 @@ def classification_scores(probs, labels) -> dict:
 def fit_and_score(spec, X_train, y_train, *, steps: int, batch_size: int, seed: int, learning_rate: float,
                   elbo_samples: int, progress: bool, **fit_options):
     """Fit, then time it, estimate the full-data ELBO and return ``(record, FitResult)``."""
-    from inference import evaluate_elbo, fit  # noqa: PLC0415 - keeps `--help` fast
+    from gpzoo.inference import evaluate_elbo, fit  # noqa: PLC0415 - keeps `--help` fast
 
     batch_size = min(batch_size, X_train.shape[0])
     t0 = time.perf_counter()
@@ -127,9 +126,9 @@ def fit_and_score(spec, X_train, y_train, *, steps: int, batch_size: int, seed: 
 
 # ----------------------------------------------------------------------------- experiments
 def run_experiment(name: str, args) -> dict:
-    from analysis import datasets  # noqa: PLC0415
-    from inference import predict  # noqa: PLC0415
-    from models import zoo  # noqa: PLC0415
+    from gpzoo.analysis import datasets  # noqa: PLC0415
+    from gpzoo.inference import predict  # noqa: PLC0415
+    from gpzoo.models import zoo  # noqa: PLC0415
 
     config = EXPERIMENTS[name]
     data = datasets.load(config["dataset"], seed=args.seed)
@@ -186,8 +185,8 @@ def run_experiment(name: str, args) -> dict:
 
 
 def save_inducing_patches(res, path: Path) -> str:
-    """The learned inducing patches sorted by their inducing output (seed 000 fig. 1a), as a PNG."""
-    from analysis.figures import inducing_patches_figure  # noqa: PLC0415
+    """The learned inducing patches sorted by their inducing output (van der Wilk et al. 2017, fig. 1a), as a PNG."""
+    from gpzoo.analysis.figures import inducing_patches_figure  # noqa: PLC0415
 
     path.parent.mkdir(parents=True, exist_ok=True)
     inducing_patches_figure(res).savefig(path, dpi=100)

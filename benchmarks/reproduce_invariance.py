@@ -1,4 +1,4 @@
-"""Seed 001 §5 (learning invariances with the marginal likelihood): rotated MNIST and MNIST 10-class.
+"""van der Wilk et al. 2018, §5 (learning invariances with the marginal likelihood): rotated MNIST and MNIST 10-class.
 
 Two experiments, each selectable with ``--experiment``:
 
@@ -38,11 +38,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-sys.path.insert(0, str(Path(__file__).parent))
 from _common import machine_info, merge_results, now  # noqa: E402
 from reproduce_conv import classification_scores, subsample  # noqa: E402
 
-import inference.invariant  # noqa: E402,F401 - registers the invariant inducing kind and family before fitting
+import gpzoo.inference.invariant  # noqa: E402,F401 - registers the invariant inducing kind and family before fitting
 
 OUT = Path(__file__).parent / "results" / "reproduce_invariance.json"
 FIGURE = Path(__file__).parent / "results" / "rotated_mnist_alpha.png"
@@ -51,7 +50,7 @@ BATCH_SIZE = 100
 LEARNING_RATE = 0.01
 ALPHA_SITE = "kernel.orbit.max_angle"
 ROTATED_ALPHAS = (90.0, 180.0)
-#: seed 001 fig. 4 (right): test error in % on MNIST with a Gaussian likelihood.
+#: van der Wilk et al. 2018, fig. 4 (right): test error in % on MNIST with a Gaussian likelihood.
 PAPER_MNIST10 = {"svgp-rbf": 0.0215, "invariant-rot": 0.0208, "invariant-affine": 0.0135, "invariant-deform": 0.0147}
 PAPER_STEPS = 20000  # order of magnitude of the seed's training curves (fig. 3–4 run far longer than CPU runs here)
 
@@ -79,7 +78,7 @@ def alpha_tracer(log: dict, site: str = ALPHA_SITE) -> optax.GradientTransformat
 
 def elbo_with_repeats(res, repeats: int, num_samples: int) -> dict:
     """evaluate_elbo over ``repeats`` seeds: mean, the s.e. across passes and the reported s.e."""
-    from inference import evaluate_elbo  # noqa: PLC0415
+    from gpzoo.inference import evaluate_elbo  # noqa: PLC0415
 
     estimates = [evaluate_elbo(res, num_samples=num_samples, seed=s) for s in range(repeats)]
     values = np.array([e.elbo for e in estimates])
@@ -89,7 +88,7 @@ def elbo_with_repeats(res, repeats: int, num_samples: int) -> dict:
 
 
 def _fit(spec, X, y, args, optimizer=None):
-    from inference import fit  # noqa: PLC0415
+    from gpzoo.inference import fit  # noqa: PLC0415
 
     batch_size = min(args.batch_size, X.shape[0])
     optimizer = optimizer or optax.adam(args.learning_rate)
@@ -107,9 +106,9 @@ def _record(res, wall, args) -> dict:
 
 # ----------------------------------------------------------------------------- §5.1 rotated MNIST
 def run_rotated(args) -> dict:
-    from analysis import datasets  # noqa: PLC0415
-    from inference import predict  # noqa: PLC0415
-    from models import zoo  # noqa: PLC0415
+    from gpzoo.analysis import datasets  # noqa: PLC0415
+    from gpzoo.inference import predict  # noqa: PLC0415
+    from gpzoo.models import zoo  # noqa: PLC0415
 
     runs = {}
     for alpha_true in args.alphas:
@@ -162,7 +161,7 @@ def run_rotated(args) -> dict:
 
 
 def plot_alpha(runs: dict, path: Path) -> None:
-    """Seed 001 fig. 3 (left): the learned α against training steps, one line per α_true."""
+    """van der Wilk et al. 2018, fig. 3 (left): the learned α against training steps, one line per α_true."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
@@ -185,9 +184,9 @@ def plot_alpha(runs: dict, path: Path) -> None:
 
 # ----------------------------------------------------------------------------- §5.2 MNIST 10-class
 def run_mnist10(args) -> dict:
-    from analysis import datasets  # noqa: PLC0415
-    from inference import predict  # noqa: PLC0415
-    from models import likelihoods, zoo  # noqa: PLC0415
+    from gpzoo.analysis import datasets  # noqa: PLC0415
+    from gpzoo.inference import predict  # noqa: PLC0415
+    from gpzoo.models import likelihoods, zoo  # noqa: PLC0415
 
     data = datasets.load("mnist-10", seed=args.seed)
     classes = list(range(data.num_classes)) if args.digits is None else sorted(args.digits)

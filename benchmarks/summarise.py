@@ -29,13 +29,13 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 ORDER = ("reproduce_conv", "reproduce_invariance", "conv_kernels", "conv_kernels_mnist10", "svgp_scaling", "polya_gamma_throughput",
          "invariance_toy", "gpflow_side_by_side", "pg_natgrad")
 TITLES = {
-    "reproduce_conv": "Seed 000 reproduction: convolutional GPs (`benchmarks/reproduce_conv.py`)",
-    "reproduce_invariance": "Seed 001 reproduction: learned invariances (`benchmarks/reproduce_invariance.py`)",
+    "reproduce_conv": "van der Wilk et al. 2017 reproduction: convolutional GPs (`benchmarks/reproduce_conv.py`)",
+    "reproduce_invariance": "van der Wilk et al. 2018 reproduction: learned invariances (`benchmarks/reproduce_invariance.py`)",
     "conv_kernels": "Convolutional kernel hot paths against this machine's limits (`benchmarks/conv_kernels.py`)",
     "conv_kernels_mnist10": "Convolutional kernel hot paths, MNIST-10 configuration (`benchmarks/conv_kernels.py --config mnist10`)",
     "svgp_scaling": "SVGP step time against a hand-written JAX step (`benchmarks/svgp_scaling.py`)",
     "polya_gamma_throughput": "Pólya–Gamma sampler throughput (`benchmarks/polya_gamma_throughput.py`)",
-    "invariance_toy": "Invariant GP on the symmetric toy function, seed 001 fig. 2 (`benchmarks/invariance_toy.py`)",
+    "invariance_toy": "Invariant GP on the symmetric toy function, van der Wilk et al. 2018, fig. 2 (`benchmarks/invariance_toy.py`)",
     "gpflow_side_by_side": "gpzoo against GPflow 2.11, weighted conv SVGP (`benchmarks/gpflow_side_by_side.py`)",
     "gpflow_side_by_side_mnist10_timing": "gpzoo against GPflow 2.11, MNIST-10 timing run (`benchmarks/gpflow_side_by_side.py`)",
     "pg_natgrad": "Pólya–Gamma CAVI / natural gradients against Adam (`benchmarks/pg_natgrad.py`)",
@@ -126,7 +126,7 @@ def _reproduce_conv(report: dict) -> list[str]:
             lines += ["", f"Goal ({exp['goal']['text']}): {yes_no(exp['goal']['met'])}."]
         figures = [f"`benchmarks/results/{r['figure']}` (`{m}`)" for m, r in exp["models"].items() if r.get("figure")]
         if figures:
-            lines += ["", "Learned inducing patches sorted by their inducing output (seed 000 fig. 1a): " + ", ".join(figures) + "."]
+            lines += ["", "Learned inducing patches sorted by their inducing output (van der Wilk et al. 2017, fig. 1a): " + ", ".join(figures) + "."]
     return lines + (["", STEP_NOTE] if lines else [])
 
 
@@ -138,7 +138,7 @@ def _reproduce_invariance(report: dict) -> list[str]:
         exp = experiments["rotated"]
         s = exp["settings"]
         reduced = " **Reduced run** (far fewer steps than the paper's; not converged)." if s.get("reduced") else ""
-        lines += ["", f"**rotated MNIST odd vs even** (seed 001 §5.1, fig. 3) — Adam {s['learning_rate']}, batch "
+        lines += ["", f"**rotated MNIST odd vs even** (van der Wilk et al. 2018, §5.1, fig. 3) — Adam {s['learning_rate']}, batch "
                       f"{s['batch_size']}, M={s['num_inducing']}, {s['num_orbit_samples']} orbit samples, α starts at "
                       f"{num(s['initial_alpha'])}°.{reduced} {provenance(exp)}", ""]
         rows = []
@@ -156,7 +156,7 @@ def _reproduce_invariance(report: dict) -> list[str]:
         exp = experiments["mnist10"]
         s = exp["settings"]
         reduced = " **Reduced run** (far fewer steps than the paper's; not converged)." if s.get("reduced") else ""
-        lines += ["", f"**MNIST 10-class, Gaussian likelihood** (seed 001 §5.2, fig. 4) — {s['num_train']:,} / "
+        lines += ["", f"**MNIST 10-class, Gaussian likelihood** (van der Wilk et al. 2018, §5.2, fig. 4) — {s['num_train']:,} / "
                       f"{s['num_test']:,} images, {s['likelihood']}, {s['steps']:,} steps, "
                       f"M={s['num_inducing']}.{reduced} {provenance(exp)}", ""]
         rows = [[f"`{m}`", pct(r["test_error"]), pct(r["paper"]["error"]), num(r["test_nlpp"]),

@@ -48,14 +48,11 @@ from numpyro.infer import SVI, TraceMeanField_ELBO
 from numpyro.optim import optax_to_numpyro
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(ROOT))
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
 from _common import machine_info  # noqa: E402
-from inference.fit import build_family  # noqa: E402
-from inference.inducing import initialise_inducing  # noqa: E402
-from models import zoo  # noqa: E402
+from gpzoo.inference.fit import build_family  # noqa: E402
+from gpzoo.inference.inducing import initialise_inducing  # noqa: E402
+from gpzoo.models import zoo  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "svgp_scaling.json"
 THRESHOLD = 1.5  # gpzoo step / reference step must stay below this (issue text)

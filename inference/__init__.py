@@ -1,8 +1,8 @@
 """Approximate-posterior side of gpzoo: inducing variables, guides, fitting and prediction."""
 
-import inference.invariant  # noqa: F401  (registers the invariant-svgp family)
-from inference.fit import ElboEstimate, FitResult, Prediction, evaluate_elbo, fit, predict, register_family
-from inference.gibbs import gibbs_gp_classification
+import gpzoo.inference.invariant  # noqa: F401  (registers the invariant-svgp family)
+from gpzoo.inference.fit import ElboEstimate, FitResult, Prediction, evaluate_elbo, fit, predict, register_family
+from gpzoo.inference.gibbs import gibbs_gp_classification
 
 __all__ = [
     "ElboEstimate",

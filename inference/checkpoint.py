@@ -28,7 +28,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from models.errors import CheckpointError
+from gpzoo.models.errors import CheckpointError
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
 

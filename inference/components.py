@@ -1,17 +1,17 @@
-"""How a fitted additive model splits its variance between parts (seed 000 §3.3, App. C).
+"""How a fitted additive model splits its variance between parts (van der Wilk et al. 2017, §3.3, App. C).
 
 For f = Σ_k f_k with independent priors and separate inducing outputs u_k (a :class:`Sum` kernel
-with :class:`~inference.inducing.SeparateInducing`, or the channel functions of the
-multi-channel kernel, seed 000 eq. 22), every part has
+with :class:`~gpzoo.inference.inducing.SeparateInducing`, or the channel functions of the
+multi-channel kernel, van der Wilk et al. 2017, eq. 22), every part has
 
 * a prior variance k_k(x, x) (its Kff diagonal), and
 * a posterior q(f_k(x)) = ∫ p(f_k(x) | u_k) q(u_k) du_k, whose moments are the shared
-  :func:`inference.guides.conditional` applied to Kuf with every other group set to zero
-  (S restricted to the rows of u_k: B_kᵀ S_kk B_k, seed 000 eq. C.24 without the cross terms).
+  :func:`gpzoo.inference.guides.conditional` applied to Kuf with every other group set to zero
+  (S restricted to the rows of u_k: B_kᵀ S_kk B_k, van der Wilk et al. 2017, eq. C.24 without the cross terms).
 
 The paper reads "the convolutional kernel explains most of the variance" off exactly these
 numbers (variances 14.3 vs 0.011 on MNIST). Also here: the inducing patches of a fitted model
-with their inducing outputs E_q[u] (for the figure of seed 000 fig. 1).
+with their inducing outputs E_q[u] (for the figure of van der Wilk et al. 2017, fig. 1).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 
-from inference.fit import FitResult, _chunks, _float_dtype
-from inference.guides import conditional
-from inference.inducing import InducingPatches, Kuf, Kuu, SeparateInducing
-from models.errors import InvalidArgumentError, ShapeError, as_float_array
-from models.kernels import Sum
+from gpzoo.inference.fit import FitResult, _chunks, _float_dtype
+from gpzoo.inference.guides import conditional
+from gpzoo.inference.inducing import InducingPatches, Kuf, Kuu, SeparateInducing
+from gpzoo.models.errors import InvalidArgumentError, ShapeError, as_float_array
+from gpzoo.models.kernels import Sum
 
 __all__ = ["ComponentVariances", "InducingPatchOutputs", "component_variances", "inducing_patch_outputs"]
 
@@ -85,7 +85,7 @@ def _group_K_diag(kernel, X):
 def component_variances(res: FitResult, X, *, batch_size: int = 512) -> ComponentVariances:
     """Prior and posterior variance of every additive part of a fitted model at ``X`` ``[N, D]``.
 
-    Parts are the inducing-output groups: conv and RBF of ``conv+rbf`` (seed 000 §3.3), the
+    Parts are the inducing-output groups: conv and RBF of ``conv+rbf`` (van der Wilk et al. 2017, §3.3), the
     channels of ``multichannel-conv`` (eq. 22), both for ``Sum(multichannel, rbf)``; a model with
     one group has one part (the whole f). Uses the fitted point parameters.
     """

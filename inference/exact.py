@@ -1,7 +1,7 @@
 """Reference GP regression: exact posterior, log marginal likelihood, collapsed (Titsias) bound.
 
 For small data sets these are the ground truth the sparse variational machinery is tested
-against: with Z = X and the optimal q(u) the SVGP ELBO (seed 000 eq. 5) equals the exact log
+against: with Z = X and the optimal q(u) the SVGP ELBO (van der Wilk et al. 2017, eq. 5) equals the exact log
 marginal likelihood, and so does the collapsed bound. ``optimal_q`` gives that q(u) in closed
 form for a Gaussian likelihood (Titsias 2009), factorising only M×M matrices.
 """
@@ -13,7 +13,7 @@ import math
 import jax.numpy as jnp
 from jax.scipy.linalg import cho_solve, solve_triangular
 
-from inference.linalg import cholesky_with_jitter
+from gpzoo.inference.linalg import cholesky_with_jitter
 
 __all__ = ["collapsed_elbo", "exact_log_marginal", "exact_posterior", "optimal_q"]
 

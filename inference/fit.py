@@ -6,7 +6,7 @@ chunks of steps (``lax.scan``), minibatches drawn without replacement epoch by e
 function of seed and step, so a resumed run sees the same batches), a progress bar, checkpoints,
 and a NaN guard that stops at the first bad step with the last good checkpoint on disk. The loop
 itself (:func:`run_chunks`, driving a :class:`ChunkProgram`) is shared with the Pólya–Gamma
-natural-gradient path (:mod:`inference.pg_natgrad`).
+natural-gradient path (:mod:`gpzoo.inference.pg_natgrad`).
 """
 
 from __future__ import annotations
@@ -28,17 +28,17 @@ from numpyro.infer import SVI, TraceMeanField_ELBO
 from numpyro.optim import optax_to_numpyro
 from tqdm.auto import tqdm
 
-from inference.checkpoint import load_checkpoint, save_checkpoint
-from inference.inducing import InducingVariables, initialise_inducing
-from inference.inducing import Kuu
-from inference.linalg import cholesky_with_jitter
-from inference.svgp import INDUCING_SITE, KERNEL_SITE, SVGP
-from models.errors import InvalidArgumentError, ShapeError, TrainingError, as_float_array
-from models.zoo import ModelSpec
+from gpzoo.inference.checkpoint import load_checkpoint, save_checkpoint
+from gpzoo.inference.inducing import InducingVariables, initialise_inducing
+from gpzoo.inference.inducing import Kuu
+from gpzoo.inference.linalg import cholesky_with_jitter
+from gpzoo.inference.svgp import INDUCING_SITE, KERNEL_SITE, SVGP
+from gpzoo.models.errors import InvalidArgumentError, ShapeError, TrainingError, as_float_array
+from gpzoo.models.zoo import ModelSpec
 
 __all__ = ["ChunkProgram", "ElboEstimate", "FitResult", "Prediction", "build_family", "evaluate_elbo", "fit", "predict", "run_chunks"]
 
-#: "svgp-logistic-pg" fits a plain SVGP by Pólya–Gamma natural gradients (:mod:`inference.pg_natgrad`);
+#: "svgp-logistic-pg" fits a plain SVGP by Pólya–Gamma natural gradients (:mod:`gpzoo.inference.pg_natgrad`);
 #: its model and guide are the SVGP's, so prediction and the ELBO use them unchanged.
 _FAMILIES = {"svgp": SVGP, "svgp-logistic-pg": SVGP}
 
@@ -82,7 +82,7 @@ class FitResult:
 
     @property
     def family(self):
-        """The model family (e.g. :class:`inference.svgp.SVGP`) holding model and guide."""
+        """The model family (e.g. :class:`gpzoo.inference.svgp.SVGP`) holding model and guide."""
         if self._family is None:
             self._family = build_family(self.spec, self.inducing, self.num_latent)
         return self._family
@@ -170,7 +170,7 @@ def fit(
     ``resume=True`` continues from the checkpoint there and reproduces the uninterrupted run.
 
     ``spec.method == "svgp-logistic-pg"`` is fitted by Pólya–Gamma natural gradients
-    (:func:`inference.pg_natgrad.fit_pg_natgrad`; ``optimizer``/``learning_rate`` then drive the
+    (:func:`gpzoo.inference.pg_natgrad.fit_pg_natgrad`; ``optimizer``/``learning_rate`` then drive the
     hyperparameter steps). Both paths share one chunk runner (:func:`run_chunks`: progress,
     checkpoints, resume, NaN guard, Ctrl-C). OpenBLAS runs single-threaded during the fit: on a
     small shared machine its threads made the Cholesky gradient ~50x slower
@@ -178,7 +178,7 @@ def fit(
     """
     with threadpoolctl.threadpool_limits(1, user_api="blas"):
         if isinstance(spec, ModelSpec) and spec.method == "svgp-logistic-pg":
-            from inference.pg_natgrad import fit_pg_natgrad  # noqa: PLC0415 - it imports this module
+            from gpzoo.inference.pg_natgrad import fit_pg_natgrad  # noqa: PLC0415 - it imports this module
 
             return fit_pg_natgrad(spec, X, y, steps=steps, batch_size=batch_size, seed=seed, learning_rate=learning_rate,
                                   optimizer=optimizer, inducing=inducing, checkpoint_dir=checkpoint_dir,
@@ -325,7 +325,7 @@ def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, che
     first step whose incoming state is bad; the state one step earlier is replayed (with the same
     compiled chunk) and checkpointed as the last good one. A ``KeyboardInterrupt`` checkpoints the
     last completed chunk (when it is not on disk yet) and propagates; a Ctrl-C during a checkpoint
-    write is held until the write is complete (:mod:`inference.checkpoint`).
+    write is held until the write is complete (:mod:`gpzoo.inference.checkpoint`).
     """
     checkpoint_every = checkpoint_every or max(1, steps // 10)
     if checkpoint_every < 1:
@@ -510,7 +510,7 @@ def predict(res: FitResult, X_new, *, num_samples: int = 0, seed: int = 0, batch
 # ----------------------------------------------------------------------------- ELBO
 def evaluate_elbo(res: FitResult, X=None, y=None, *, num_samples: int = 32, seed: int = 0,
                   batch_size: int = 512) -> ElboEstimate:
-    """Full-data ELBO Σ_n E_q[log p(y_n|f_n)] − KL (seed 000 eq. 5) with its Monte Carlo SE.
+    """Full-data ELBO Σ_n E_q[log p(y_n|f_n)] − KL (van der Wilk et al. 2017, eq. 5) with its Monte Carlo SE.
 
     Defaults to the training data (per-datum variational parameters, such as free Pólya–Gamma
     tilts, are used there; on other data their family's default stands in). Terms that are analytic (Gaussian, Gauss–Hermite, the KL)

@@ -1,7 +1,7 @@
 """Pólya–Gamma Gibbs sampler for exact GP classification on small data (a reference posterior).
 
 Model: f ~ N(0, K), y_n | f_n ~ Bernoulli(σ(f_n)), with the kernel's hyperparameters fixed. By
-Polson, Scott & Windle (2013, Thm 1; seed 001 eq. 22)
+Polson, Scott & Windle (2013, Thm 1; van der Wilk et al. 2018, eq. 22)
 
     σ((2y_n − 1) f_n) = ½ e^{κ_n f_n} E_{PG(1,0)}[e^{−ω_n f_n²/2}],      κ_n = y_n − ½,
 
@@ -52,10 +52,10 @@ from arviz_base import from_dict
 from jax.scipy.linalg import cho_solve, solve_triangular
 from tqdm.auto import tqdm
 
-from inference.linalg import cholesky_with_jitter
-from inference.polya_gamma import PolyaGamma
-from models.errors import InvalidArgumentError, ShapeError, as_float_array
-from models.likelihoods import Bernoulli
+from gpzoo.inference.linalg import cholesky_with_jitter
+from gpzoo.inference.polya_gamma import PolyaGamma
+from gpzoo.models.errors import InvalidArgumentError, ShapeError, as_float_array
+from gpzoo.models.likelihoods import Bernoulli
 
 __all__ = ["MAX_JOINT_POINTS", "MAX_NUM_DATA", "gibbs_gp_classification", "sample_f_given_omega", "sample_omega"]
 

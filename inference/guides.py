@@ -1,11 +1,11 @@
 """q(u): the variational distribution of the inducing outputs, its KL and the shared conditional.
 
-Shapes: L latent functions, G inducing groups of M outputs each (see :mod:`inference.inducing`),
+Shapes: L latent functions, G inducing groups of M outputs each (see :mod:`gpzoo.inference.inducing`),
 so u is ``[L, G·M]``. The covariance S of each latent function has one of three structures:
 
 * ``"full"``  — ``q_sqrt`` ``[L, GM, GM]`` lower triangular (full rank over all groups);
 * ``"block"`` — ``q_sqrt`` ``[L, G, M, M]``: independent groups (mean-field across conv / RBF
-  parts, seed 000 App. C);
+  parts, van der Wilk et al. 2017, App. C);
 * ``"diag"``  — ``q_sqrt`` ``[L, GM]`` positive standard deviations (mean field).
 
 Whitened (u = Luu v, p(v) = N(0, I)) and unwhitened (p(u) = N(0, Kuu)) parameterisations give
@@ -26,7 +26,7 @@ from jax.scipy.linalg import solve_triangular
 from numpyro.distributions import constraints
 from numpyro.distributions.kl import kl_divergence
 
-from inference.linalg import block_solve
+from gpzoo.inference.linalg import block_solve
 
 __all__ = [
     "COVARIANCE_STRUCTURES",
@@ -183,7 +183,7 @@ def _blockdiag_solve(Luu, v):
 
 @kl_divergence.register(InducingPosterior, InducingPrior)
 def _kl_inducing(q, p):
-    """KL[q(u) || p(u)], analytic (seed 000 eq. 5's KL term), summed over latent functions."""
+    """KL[q(u) || p(u)], analytic (van der Wilk et al. 2017, eq. 5's KL term), summed over latent functions."""
     L_, GM = q.q_mu.shape
     logdet_q = 2.0 * jnp.sum(jnp.log(_sqrt_diag(q.q_sqrt, q.structure)))
     if p.whiten:
@@ -207,7 +207,7 @@ def _kl_inducing(q, p):
 
 # ----------------------------------------------------------------------------- conditional
 def conditional(Kuf, Luu, Kff_diag, q_mu, q_sqrt, structure: str, whiten: bool):
-    """Marginals of q(f_n) = ∫ p(f_n | u) q(u) du (seed 000 eq. 6), shared by every family.
+    """Marginals of q(f_n) = ∫ p(f_n | u) q(u) du (van der Wilk et al. 2017, eq. 6), shared by every family.
 
     Kuf ``[G, M, N]``, Luu ``[G, M, M]`` (chol of Kuu + jitter), Kff_diag ``[N]``,
     q_mu ``[L, GM]``. Returns mean, var ``[N, L]``.

@@ -8,7 +8,7 @@ registrations; the conditional, the KL and the training loop are shared (STYLE.m
 Conventions (one place): ``Kuu`` returns a stack of blocks ``[G, M, M]`` *without* jitter (the
 Cholesky adds it) and ``Kuf`` returns ``[G, M, N]``; the G·M inducing outputs are ordered group
 by group. Ordinary points have G = 1; separate inducing sets for a sum of kernels
-(conv + RBF, seed 000 §3.3) or one set per colour channel (seed 000 eq. 22–23) have G > 1 and
+(conv + RBF, van der Wilk et al. 2017, §3.3) or one set per colour channel (van der Wilk et al. 2017, eq. 22–23) have G > 1 and
 a block-diagonal Kuu.
 """
 
@@ -23,9 +23,9 @@ import numpy as np
 from multipledispatch import Dispatcher
 from numpyro.distributions import constraints
 
-from models.errors import InvalidArgumentError
-from models.kernels import Kernel, Sum
-from models.parameters import Parameterised, hyper, pytree_dataclass
+from gpzoo.models.errors import InvalidArgumentError
+from gpzoo.models.kernels import Kernel, Sum
+from gpzoo.models.parameters import Parameterised, hyper, pytree_dataclass
 
 __all__ = [
     "InducingPoints",
@@ -51,7 +51,7 @@ class InducingVariables(Parameterised):
 
 @pytree_dataclass
 class InducingPoints(InducingVariables):
-    """u = f(Z): values of the GP at inducing inputs ``Z`` ``[M, D]`` (seed 000 §2.1)."""
+    """u = f(Z): values of the GP at inducing inputs ``Z`` ``[M, D]`` (van der Wilk et al. 2017, §2.1)."""
 
     Z: Any = hyper(constraint=constraints.real)
 
@@ -160,14 +160,14 @@ def _init_points(kernel, X, num_inducing, key, method):
 
 
 # ----------------------------------------------------------------------------- inducing patches
-from models.kernels.convolutional import ConvolutionalKernel  # noqa: E402 - appended section, kept self-contained
+from gpzoo.models.kernels.convolutional import ConvolutionalKernel  # noqa: E402 - appended section, kept self-contained
 
 __all__ += ["InducingPatches"]
 
 
 @pytree_dataclass
 class InducingPatches(InducingVariables):
-    """u = g(Z): the patch-response function at inducing patches ``Z`` ``[M, E]`` (seed 000 §3.1).
+    """u = g(Z): the patch-response function at inducing patches ``Z`` ``[M, E]`` (van der Wilk et al. 2017, §3.1).
 
     Inter-domain: Z lives in patch space, not image space. Kuu = k_g(Z, Z) (eq. 16) and
     Kuf = Σ_p w_p k_g(x^[p], Z) (eq. 15, 19) come from the kernel's ``Kzz`` / ``Kzx``; the
@@ -219,7 +219,7 @@ def _distinct_patches(kernel: ConvolutionalKernel, X: np.ndarray, rng: np.random
 @register_initialiser("patches")
 def _init_patches(kernel, X, num_inducing, key, method):
     """Inducing patches from data: ``"random"`` distinct training patches, ``"kmeans"`` centres of
-    distinct training patches (sklearn), or ``"uniform"`` noise over the pixel range (seed 000 §3.1)."""
+    distinct training patches (sklearn), or ``"uniform"`` noise over the pixel range (van der Wilk et al. 2017, §3.1)."""
     if not isinstance(kernel, ConvolutionalKernel):
         raise InvalidArgumentError("inducing", f"'patches' needs a convolutional kernel, got {type(kernel).__name__}")
     X = np.asarray(X)

@@ -1,13 +1,13 @@
-"""Inter-domain SVGP for invariant kernels with sampled orbits (seed 001 §4.2–4.5, App. B; seed 000 App. D).
+"""Inter-domain SVGP for invariant kernels with sampled orbits (van der Wilk et al. 2018, §4.2–4.5, App. B; van der Wilk et al. 2017, App. D).
 
-Inducing variables u = g(Z) live in the *base* function's input space (seed 001 eq. 13, seed 000
+Inducing variables u = g(Z) live in the *base* function's input space (van der Wilk et al. 2018, eq. 13, van der Wilk et al. 2017
 eq. D.30–D.32): Kuu = k_g(Z, Z) and k_fu(x, z) = Σ_a k_g(x_a, z) (or ∫ p(x_a|x) k_g(x_a, z)).
 :class:`BaseInducingPoints` is that inducing type (initialiser kind ``"invariant-points"``).
 
 For finite orbits evaluated whole, Kuf and Kff are exact and the ordinary SVGP path applies
 (``method="svgp"``). When the orbit is sub-sampled or the kernel is a double integral over an
 augmentation density, :class:`InvariantSVGP` (``method="invariant-svgp"``) replaces q(f_n)'s
-moments by unbiased estimates from one set of S samples per minibatch (seed 001 eq. 16–21):
+moments by unbiased estimates from one set of S samples per minibatch (van der Wilk et al. 2018, eq. 16–21):
 
     μ̂_n   = w₁ Σ_s a_s,                    a_s = k_g(x^(s), Z) Kuu⁻¹ m            (eq. 16–17)
     μ̂²_n  = Σ_{s,s'} w_{ss'} a_s a_s'                                              (eq. 18, 21)
@@ -15,7 +15,7 @@ moments by unbiased estimates from one set of S samples per minibatch (seed 001 
 
 with e_s = Luu⁻¹ k_g(Z, x^(s)) and v_s = S^{1/2}ᵀ (whitened: e_s, else Kuu⁻¹ k_g(Z, x^(s))), so
 that e_sᵀe_s' − v_sᵀv_s' = k_sᵀ Kuu⁻¹ (Kuu − S) Kuu⁻¹ k_s'. Each pair estimate costs O(S·M) per
-datum (App. B.2.1). The weights w come from the orbit (:mod:`models.kernels.invariant`).
+datum (App. B.2.1). The weights w come from the orbit (:mod:`gpzoo.models.kernels.invariant`).
 
 Likelihoods: the estimates are unbiased only for expressions *linear* in μ_n, μ_n², σ_n², so a
 sampled kernel is paired with
@@ -62,15 +62,15 @@ import numpyro
 from jax.scipy.linalg import solve_triangular
 from numpyro.distributions import constraints
 
-from inference.fit import register_family
-from inference.guides import _sqrt_times
-from inference.inducing import InducingVariables, Kuf, Kuu, initialise_inducing, register_initialiser
-from inference.polya_gamma import optimal_c, pg_logistic_bound
-from inference.svgp import SVGP, Parts
-from models.errors import InvalidArgumentError
-from models.kernels.invariant import InvariantKernel, pair_sum
-from models.likelihoods import Bernoulli
-from models.parameters import hyper, pytree_dataclass
+from gpzoo.inference.fit import register_family
+from gpzoo.inference.guides import _sqrt_times
+from gpzoo.inference.inducing import InducingVariables, Kuf, Kuu, initialise_inducing, register_initialiser
+from gpzoo.inference.polya_gamma import optimal_c, pg_logistic_bound
+from gpzoo.inference.svgp import SVGP, Parts
+from gpzoo.models.errors import InvalidArgumentError
+from gpzoo.models.kernels.invariant import InvariantKernel, pair_sum
+from gpzoo.models.likelihoods import Bernoulli
+from gpzoo.models.parameters import hyper, pytree_dataclass
 
 __all__ = [
     "BaseInducingPoints",
@@ -98,7 +98,7 @@ FREE_C_SITE = "pg_free_c"
 
 @pytree_dataclass
 class BaseInducingPoints(InducingVariables):
-    """u = g(Z): the base function at inducing inputs ``Z`` ``[M, D]`` (seed 001 eq. 13, seed 000 eq. D.31–D.32)."""
+    """u = g(Z): the base function at inducing inputs ``Z`` ``[M, D]`` (van der Wilk et al. 2018, eq. 13, van der Wilk et al. 2017, eq. D.31–D.32)."""
 
     Z: Any = hyper(constraint=constraints.real)
 
@@ -116,7 +116,7 @@ def _kuu_base(inducing, kernel):
 def _kuf_base(inducing, kernel, X):
     if kernel.is_sampled:
         raise InvalidArgumentError(
-            "kernel", "Kuf of a sampled invariant kernel is only estimated; use method='invariant-svgp' (seed 001 eq. 16–17)")
+            "kernel", "Kuf of a sampled invariant kernel is only estimated; use method='invariant-svgp' (van der Wilk et al. 2018, eq. 16–17)")
     return kernel.K_fu(X, inducing.Z)[None]  # [1, M, N]
 
 
@@ -127,7 +127,7 @@ def _init_base_points(kernel, X, num_inducing, key, method):
 
 
 class MomentEstimates(NamedTuple):
-    """Unbiased estimates ``[N, L]`` of μ_n, E[f_n²] = μ_n² + σ_n² and σ_n² (seed 001 eq. 16–21); a pytree."""
+    """Unbiased estimates ``[N, L]`` of μ_n, E[f_n²] = μ_n² + σ_n² and σ_n² (van der Wilk et al. 2018, eq. 16–21); a pytree."""
 
     mean: jax.Array  # [N, L]
     second_moment: jax.Array  # [N, L]
@@ -211,7 +211,7 @@ class InvariantSVGP(SVGP):
         return pg_logistic_bound(y, est.mean[:, 0], est.second_moment[:, 0], c)  # [N]
 
     def pg_tilt(self, parts: Parts, X, y, key, data_indices=None, num_data=None):
-        """c_n of q(ω_n) = PG(1, c_n) ``[N]`` for the PG bound (seed 001 eq. 23, §4.5), per ``spec.options["pg_c"]``.
+        """c_n of q(ω_n) = PG(1, c_n) ``[N]`` for the PG bound (van der Wilk et al. 2018, eq. 23, §4.5), per ``spec.options["pg_c"]``.
 
         ``"closed-form"``: √Ê[f_n²] from an orbit-sample draw made with ``key`` (independent of the
         draw the bound is evaluated with), without gradient. ``"recognition"``: the network's
@@ -273,7 +273,7 @@ _SOFTPLUS_INV_ONE = math.log(math.e - 1.0)  # softplus(this) = 1
 
 
 def recognition_c(params: dict[str, jax.Array], X, y):
-    """c_n = softplus(MLP(x_n, 2y_n − 1)) ``[N]`` > 0: the amortised q(ω_n) of seed 001 §4.5.
+    """c_n = softplus(MLP(x_n, 2y_n − 1)) ``[N]`` > 0: the amortised q(ω_n) of van der Wilk et al. 2018, §4.5.
 
     ``params``: ``W{i}`` ``[fan_in, fan_out]``, ``b{i}`` ``[fan_out]`` for i = 0..n−1 (tanh
     between layers); ``X`` ``[N, D]``, ``y`` ``[N]`` in {0, 1}. PG(1, c) is even in c, so c > 0

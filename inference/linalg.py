@@ -1,7 +1,7 @@
 """Shared linear algebra: Cholesky with recorded jitter, blockwise triangular solves.
 
 Nothing larger than one M×M block is ever factorised: covariances of several inducing groups are
-kept as a stack of blocks ``[G, M, M]`` (block-diagonal Kuu, seed 000 App. C).
+kept as a stack of blocks ``[G, M, M]`` (block-diagonal Kuu, van der Wilk et al. 2017, App. C).
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Pólya–Gamma coordinate ascent / natural gradients for the logistic SVGP (Wenzel et al. 2019).
 
-The model is the plain SVGP of seed 000 §2.1 with a Bernoulli-logit likelihood, one latent
-function and inducing points. Its Pólya–Gamma (PG) augmented bound (seed 001 eq. 22–23, with
+The model is the plain SVGP of van der Wilk et al. 2017, §2.1 with a Bernoulli-logit likelihood, one latent
+function and inducing points. Its Pólya–Gamma (PG) augmented bound (van der Wilk et al. 2018, eq. 22–23, with
 q(ω_n) = PG(1, c_n) and κ_n = y_n − ½) is
 
     L(q(u), c) = Σ_n [−log 2 + κ_n E[f_n] − ½ E[ω_n] E[f_n²] − KL[PG(1, c_n) || PG(1, 0)]]
                  − KL[q(u) || p(u)],                                                      (PG)
 
-:func:`pg_bound`, built from :func:`inference.polya_gamma.pg_logistic_bound`: the same bound the
+:func:`pg_bound`, built from :func:`gpzoo.inference.polya_gamma.pg_logistic_bound`: the same bound the
 Adam path optimises. Because (PG) is quadratic in f, it is conditionally conjugate (Wenzel et al.
 2019, "Efficient Gaussian process classification using Pólya–Gamma data augmentation", AAAI; §3
 "variational bound", §4 "stochastic variational inference"; that paper is not among the seeds, so
@@ -46,10 +46,10 @@ evaluation of the features (``jax.vjp``) instead of computing them twice.
 
 The fitted q(u) is stored under the SVGP guide's own names (``q_mu`` ``[1, M]``, ``q_sqrt``
 ``[1, M, M]`` lower triangular, whitened or not as ``spec.whiten`` says) with the constrained
-hyperparameters, so :func:`inference.fit.predict`, :func:`inference.fit.evaluate_elbo` (which
-reports the exact Gauss–Hermite ELBO ≥ (PG)) and :func:`analysis.datatree.to_datatree` work
+hyperparameters, so :func:`gpzoo.inference.fit.predict`, :func:`gpzoo.inference.fit.evaluate_elbo` (which
+reports the exact Gauss–Hermite ELBO ≥ (PG)) and :func:`gpzoo.analysis.datatree.to_datatree` work
 unchanged. NumPyro's SVI is not used: its ELBO machinery has no natural-gradient step. The loop
-(chunks, progress, checkpoints and resume, NaN guard, Ctrl-C) is :func:`inference.fit.run_chunks`,
+(chunks, progress, checkpoints and resume, NaN guard, Ctrl-C) is :func:`gpzoo.inference.fit.run_chunks`,
 the one the SVI path uses.
 """
 
@@ -68,7 +68,7 @@ import optax
 from jax.scipy.linalg import solve_triangular
 from numpyro.distributions import biject_to, constraints
 
-from inference.fit import (
+from gpzoo.inference.fit import (
     ChunkProgram,
     FitResult,
     _BatchSchedule,
@@ -78,12 +78,12 @@ from inference.fit import (
     run_chunks,
     validate_data,
 )
-from inference.inducing import InducingPoints, InducingVariables, Kuf, initialise_inducing
-from inference.polya_gamma import _pg1_mean, optimal_c, pg_logistic_bound
-from inference.svgp import SVGP, _has_prior
-from models.errors import InvalidArgumentError
-from models.likelihoods import Bernoulli
-from models.zoo import ModelSpec
+from gpzoo.inference.inducing import InducingPoints, InducingVariables, Kuf, initialise_inducing
+from gpzoo.inference.polya_gamma import _pg1_mean, optimal_c, pg_logistic_bound
+from gpzoo.inference.svgp import SVGP, _has_prior
+from gpzoo.models.errors import InvalidArgumentError
+from gpzoo.models.likelihoods import Bernoulli
+from gpzoo.models.zoo import ModelSpec
 
 __all__ = [
     "ACCELERATIONS",
@@ -104,7 +104,7 @@ __all__ = [
     "robbins_monro",
 ]
 
-#: ``ModelSpec.method`` that :func:`inference.fit.fit` routes here.
+#: ``ModelSpec.method`` that :func:`gpzoo.inference.fit.fit` routes here.
 METHOD = "svgp-logistic-pg"
 Q_SITES = ("q_mu", "q_sqrt")
 #: With fixed hyperparameters, A = Luu⁻¹ Kuf is kept for all N points when M·N is at most this
@@ -176,7 +176,7 @@ def _whitened(features: PGFeatures, q_mu, q_sqrt, whiten: bool):
 def _bound_terms(features: PGFeatures, mean_v, sqrt_v):
     """(E f ``[N]``, E f² ``[N]``, KL[q(v) || N(0, I)]) for q(v) = N(mean_v, sqrt_v sqrt_vᵀ).
 
-    q(f_n) in whitened form (seed 000 eq. 6): E f_n = a_nᵀ m, Var f_n = resid_n + ‖S^{1/2}ᵀ a_n‖²;
+    q(f_n) in whitened form (van der Wilk et al. 2017, eq. 6): E f_n = a_nᵀ m, Var f_n = resid_n + ‖S^{1/2}ᵀ a_n‖²;
     the KL equals KL[q(u) || p(u)] in either parameterisation (u = Luu v is linear).
     """
     A = features.A
@@ -188,7 +188,7 @@ def _bound_terms(features: PGFeatures, mean_v, sqrt_v):
 
 
 def features_bound(features: PGFeatures, y, q_mu, q_sqrt, *, scale=1.0, whiten: bool = True, c=None):
-    """(PG) from features: scale·Σ_n pg_logistic_bound(y_n, E f_n, E f_n², c_n) − KL (seed 001 eq. 23).
+    """(PG) from features: scale·Σ_n pg_logistic_bound(y_n, E f_n, E f_n², c_n) − KL (van der Wilk et al. 2018, eq. 23).
 
     ``q_mu`` ``[1, M]``, ``q_sqrt`` ``[1, M, M]`` in the guide's parameterisation (``whiten``);
     ``c`` ``[N]`` the PG tilts, default their optimum √E[f²] (no gradient through it).
@@ -201,7 +201,7 @@ def features_bound(features: PGFeatures, y, q_mu, q_sqrt, *, scale=1.0, whiten: 
 
 
 def pg_bound(family: SVGP, params: dict, X, y, num_data: int | None = None, c=None):
-    """(PG): (N/B) Σ_b pg_logistic_bound(y_b, E f_b, E f_b², c_b) − KL[q(u) || p(u)] (seed 001 eq. 23).
+    """(PG): (N/B) Σ_b pg_logistic_bound(y_b, E f_b, E f_b², c_b) − KL[q(u) || p(u)] (van der Wilk et al. 2018, eq. 23).
 
     ``params`` are the family's constrained NumPyro params (``kernel.*``, ``inducing.Z``, ``q_mu``,
     ``q_sqrt``); ``c`` ``[B]`` the PG tilts, default their optimum √E[f²] (no gradient through it).
@@ -383,7 +383,7 @@ def fit_pg_natgrad(
     CAVI with Anderson mixing (:func:`anderson_cavi_update`; fixed hyperparameters, all data, ρ = 1).
     ``elbo_history[t]`` is (PG) on step t's batch (scaled to N) before the step;
     ``learning_rate_history`` holds ρ_t (the Adam rate is in ``diagnostics``). Checkpoints,
-    ``resume`` and the NaN guard behave as in :func:`inference.fit.fit`.
+    ``resume`` and the NaN guard behave as in :func:`gpzoo.inference.fit.fit`.
     """
     if not isinstance(spec, ModelSpec):
         raise InvalidArgumentError("spec", f"expected a ModelSpec (zoo.get(name, ...)), got {type(spec).__name__}")

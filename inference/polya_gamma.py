@@ -1,4 +1,4 @@
-"""The Pólya–Gamma distribution PG(b, c) and the PG-augmented logistic bound (seed 001 §4.5).
+"""The Pólya–Gamma distribution PG(b, c) and the PG-augmented logistic bound (van der Wilk et al. 2018, §4.5).
 
 PG(b, c) is the law of ω = (1/2π²) Σ_{k≥1} g_k / ((k − ½)² + c²/(4π²)), g_k ~ Gamma(b, 1)
 (Polson, Scott & Windle 2013, eq. 1). Its Laplace transform is
@@ -52,11 +52,11 @@ from a library: NumPyro has no PG distribution, and the ``polyagamma`` package i
     ``numpyro.infer.TraceMeanField_ELBO`` uses it analytically.
 
 * ``pg_logistic_bound`` and ``optimal_c``: the PG lower bound on E_q(f)[log σ((2y−1)f)]
-  (seed 001 eq. 22–23) with q(ω) = PG(1, c). How c is chosen in the invariant family (closed
-  form or a recognition network, seed 001 §4.5) is in :mod:`inference.invariant`.
+  (van der Wilk et al. 2018, eq. 22–23) with q(ω) = PG(1, c). How c is chosen in the invariant family (closed
+  form or a recognition network, van der Wilk et al. 2018, §4.5) is in :mod:`gpzoo.inference.invariant`.
 
 The exact two-block Gibbs sampler that uses ``PolyaGamma`` (ω | f ~ PG(1, f), PSW 2013 §3.1) for
-small-data GP classification is :func:`inference.gibbs.gibbs_gp_classification`.
+small-data GP classification is :func:`gpzoo.inference.gibbs.gibbs_gp_classification`.
 
 Dtypes: everything runs in the dtype of its inputs (float32 or float64); the density's series
 constants are computed in float64 at import and cast.
@@ -76,7 +76,7 @@ from numpyro.distributions import Distribution, constraints
 from numpyro.distributions.kl import kl_divergence
 from numpyro.distributions.util import promote_shapes, validate_sample
 
-from models.errors import DataError, HyperparameterError, InvalidArgumentError, is_concrete
+from gpzoo.models.errors import DataError, HyperparameterError, InvalidArgumentError, is_concrete
 
 __all__ = [
     "GAMMA_SERIES_TERMS",
@@ -549,7 +549,7 @@ def _concrete_float(x):
 
 
 class PolyaGamma(Distribution):
-    """Pólya–Gamma distribution PG(b, c), b > 0, c real (PSW 2013; seed 001 §4.5).
+    """Pólya–Gamma distribution PG(b, c), b > 0, c real (PSW 2013; van der Wilk et al. 2018, §4.5).
 
     ``b`` and ``c`` broadcast to the batch shape. See the module docstring for the sampling
     scheme (exact for integer b ≤ 32 given as concrete values), the density evaluation and their
@@ -648,16 +648,16 @@ def _kl_polya_gamma(q, p):
 
 
 # ---------------------------------------------------------------------------------------------
-# PG-augmented logistic bound (seed 001 eq. 22–23)
+# PG-augmented logistic bound (van der Wilk et al. 2018, eq. 22–23)
 # ---------------------------------------------------------------------------------------------
 
 
 def pg_logistic_bound(y, f_mean, f_second_moment, c):
     """Per-datum lower bound on E_q(f)[log σ((2y−1) f)] with q(ω) = PG(1, c) ``[N]`` (broadcast).
 
-    For y ∈ {0, 1} and κ = y − ½, σ((2y−1)f) = 2^{-1} e^{κf} E_{PG(1,0)}[e^{−ωf²/2}] (seed 001
+    For y ∈ {0, 1} and κ = y − ½, σ((2y−1)f) = 2^{-1} e^{κf} E_{PG(1,0)}[e^{−ωf²/2}] (van der Wilk et al. 2018
     eq. 22; PSW 2013 Thm 1). Jensen's inequality in ω with q(ω) = PG(1, c) and then E over q(f)
-    (seed 001 eq. 23) gives
+    (van der Wilk et al. 2018, eq. 23) gives
         −log 2 + κ E[f] − E_q[ω] E[f²]/2 − KL[PG(1, c) || PG(1, 0)],
     E_q[ω] = tanh(c/2)/(2c). Substituting the KL, this is, for every c, the Jaakkola–Jordan bound
     log σ(ξ) + ((2y−1)E[f] − ξ)/2 − tanh(ξ/2)/(4ξ) (E[f²] − ξ²) with ξ = c; with the optimal
@@ -665,7 +665,7 @@ def pg_logistic_bound(y, f_mean, f_second_moment, c):
     bound κE[f] − log(2 cosh(c/2)) = κE[f] − c/2 − log(1 + e^{−c}).
 
     ``y`` holds 0/1 labels (checked when concrete), ``f_mean`` = E_q[f], ``f_second_moment`` =
-    E_q[f²] = mean² + var, ``c`` the PG tilt (e.g. from a recognition network, seed 001 §4.5).
+    E_q[f²] = mean² + var, ``c`` the PG tilt (e.g. from a recognition network, van der Wilk et al. 2018, §4.5).
     """
     y_np = _concrete_float(y)
     if y_np is not None and np.any((y_np != 0) & (y_np != 1)):

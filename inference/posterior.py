@@ -1,11 +1,11 @@
 """Draws of the inducing outputs u ~ q(u) and the exact conditional p(f | u) of every SVGP family.
 
-What a posterior *sample* of a sparse GP means (used by :func:`analysis.to_datatree`):
+What a posterior *sample* of a sparse GP means (used by :func:`gpzoo.analysis.to_datatree`):
 
 * u_s ~ q(u) — unwhitened inducing outputs ``[L, G·M]`` (a whitened guide draws v_s and
   returns u_s = Luu v_s), with their log densities under q and under the prior p(u), both in
   u-space (the Jacobian log|Luu| of the whitening is applied to both);
-* p(f_n | u) = N(Kfu Kuu⁻¹ u, Kff − Qff) (seed 000 eq. 6 with S = 0) for any inputs;
+* p(f_n | u) = N(Kfu Kuu⁻¹ u, Kff − Qff) (van der Wilk et al. 2017, eq. 6 with S = 0) for any inputs;
 * log p(y_n | u_s) = log ∫ p(y_n | f_n) p(f_n | u_s) df_n, which is exactly the likelihood's
   ``predict_log_density(y_n, μ_n(u_s), σ²_n)`` (analytic or quadrature, as the likelihood decides);
 * replicated y_n ~ p(y_n | u_s) for posterior-predictive checks.
@@ -25,10 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.handlers import condition, seed, substitute, trace
 
-from inference.fit import FitResult, _float_dtype
-from inference.inducing import Kuf
-from inference.linalg import block_solve
-from models.errors import InvalidArgumentError, ShapeError, as_float_array
+from gpzoo.inference.fit import FitResult, _float_dtype
+from gpzoo.inference.inducing import Kuf
+from gpzoo.inference.linalg import block_solve
+from gpzoo.models.errors import InvalidArgumentError, ShapeError, as_float_array
 
 __all__ = ["InducingDraws", "PointwiseDraws", "conditional_given_u", "pointwise_given_u", "sample_inducing"]
 
@@ -61,7 +61,7 @@ class PointwiseDraws:
 # ----------------------------------------------------------------------------- helpers
 def _check_family(res: FitResult):
     if not isinstance(res, FitResult):
-        raise InvalidArgumentError("res", f"expected a FitResult from inference.fit, got {type(res).__name__}")
+        raise InvalidArgumentError("res", f"expected a FitResult from gpzoo.inference.fit, got {type(res).__name__}")
     family = res.family
     for needed in ("parts", "posterior", "prior"):
         if not hasattr(family, needed):

@@ -1,4 +1,4 @@
-"""The sparse variational GP as a NumPyro model + custom guide (seed 000 §2.1, eq. 5–6).
+"""The sparse variational GP as a NumPyro model + custom guide (van der Wilk et al. 2017, §2.1, eq. 5–6).
 
 Model::
 
@@ -6,7 +6,7 @@ Model::
     u ~ p(u) = N(0, Kuu)  (or v ~ N(0, I) whitened)                       site "u"
     for n in plate("data", N, subsample B):  factor E_q(f_n)[log p(y_n | f_n)]  site "ell"
 
-Guide: ``u ~ q(u)`` (:class:`inference.guides.InducingPosterior`) plus, when some hyperparameters
+Guide: ``u ~ q(u)`` (:class:`gpzoo.inference.guides.InducingPosterior`) plus, when some hyperparameters
 have priors, a mean-field normal guide over them (``AutoNormal`` on those sites only).
 
 ``TraceMeanField_ELBO`` then gives exactly Σ_n E_q(f_n)[log p(y_n|f_n)] − KL[q(u) || p(u)]:
@@ -26,11 +26,11 @@ from numpyro.distributions import Distribution
 from numpyro.distributions.kl import kl_divergence
 from numpyro.infer.autoguide import AutoNormal
 
-from inference.guides import InducingPosterior, InducingPrior, conditional, variational_params
-from inference.inducing import InducingVariables, Kuf, Kuu
-from inference.linalg import cholesky_with_jitter
-from models.errors import InvalidArgumentError
-from models.zoo import ModelSpec
+from gpzoo.inference.guides import InducingPosterior, InducingPrior, conditional, variational_params
+from gpzoo.inference.inducing import InducingVariables, Kuf, Kuu
+from gpzoo.inference.linalg import cholesky_with_jitter
+from gpzoo.models.errors import InvalidArgumentError
+from gpzoo.models.zoo import ModelSpec
 
 __all__ = ["SVGP", "Parts"]
 

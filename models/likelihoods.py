@@ -1,7 +1,7 @@
 """Likelihoods p(y | f) and their expectations under a Gaussian q(f) = N(μ, σ²).
 
-Every likelihood provides what the sparse variational ELBO (seed 000 eq. 5, with the marginals
-q(f_i) = N(μ_i, σ_i²) of seed 000 eq. 6) and prediction need:
+Every likelihood provides what the sparse variational ELBO (van der Wilk et al. 2017, eq. 5, with the marginals
+q(f_i) = N(μ_i, σ_i²) of van der Wilk et al. 2017, eq. 6) and prediction need:
 
 * ``variational_expectation(y, mean, var, key=None)``: E_q(f)[log p(y|f)] per datum, ``[N]``;
 * ``predict_mean_and_var(mean, var)``: moments of the predictive p(y*) = ∫ p(y*|f) q(f) df;
@@ -46,8 +46,8 @@ import numpy as np
 from jax.scipy.special import gammaln, log_ndtr, logsumexp
 from numpyro.distributions import constraints
 
-from models.errors import DataError, HyperparameterError, InvalidArgumentError, as_float_array, is_concrete
-from models.parameters import Fixed, Parameterised, hyper, pytree_dataclass, static
+from gpzoo.models.errors import DataError, HyperparameterError, InvalidArgumentError, as_float_array, is_concrete
+from gpzoo.models.parameters import Fixed, Parameterised, hyper, pytree_dataclass, static
 
 __all__ = ["Bernoulli", "Gaussian", "Likelihood", "OneHotGaussian", "Poisson", "RobustMax", "Softmax"]
 
@@ -65,7 +65,7 @@ class Likelihood(Parameterised):
     stochastic_expectation: ClassVar[bool] = False
     #: "regression" / "binary" / "multiclass" / "count": which analyses apply to predictions.
     #: True when E_q[log p(y|f)] is linear in the moments E[f] and E[f²] (Gaussian likelihoods):
-    #: unbiased estimates of the moments then give an unbiased expectation (seed 001 eq. 15).
+    #: unbiased estimates of the moments then give an unbiased expectation (van der Wilk et al. 2018, eq. 15).
     linear_in_moments: ClassVar[bool] = False
     task: ClassVar[str] = "regression"
 
@@ -204,7 +204,7 @@ class Gaussian(Likelihood):
     """y = f + ε, ε ~ N(0, noise_variance). All expectations are analytic.
 
     E_q[log p(y|f)] = −½ [log 2π s² + ((y − μ)² + σ²) / s²]  (s² = noise variance), the
-    Gaussian term of seed 000 eq. 5; the predictive is N(μ, σ² + s²).
+    Gaussian term of van der Wilk et al. 2017, eq. 5; the predictive is N(μ, σ² + s²).
     """
 
     noise_variance: Any = hyper(1.0)
@@ -490,7 +490,7 @@ class RobustMax(_Categorical):
 class OneHotGaussian(_Categorical):
     """C-class labels treated as regression on one-hot targets: C latent GPs, each with Gaussian noise.
 
-    The multi-class likelihood of seed 001 §5.2 ("for multi-class classification, we are
+    The multi-class likelihood of van der Wilk et al. 2018, §5.2 ("for multi-class classification, we are
     currently forced to use the Gaussian likelihood"): label y ↦ e_y ∈ {0, 1}^C and
     p(e_y | f) = Π_c N(e_{y,c}; f_c, s²) with one shared noise variance s². So
 

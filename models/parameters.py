@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpyro
 from numpyro.distributions import Distribution, constraints
 
-from models.errors import HyperparameterError, check_positive, is_concrete
+from gpzoo.models.errors import HyperparameterError, check_positive, is_concrete
 
 __all__ = ["Fixed", "Parameterised", "hyper", "pytree_dataclass", "static"]
 

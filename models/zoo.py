@@ -20,10 +20,10 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from models import kernels
-from models.errors import InvalidArgumentError
-from models.kernels import Kernel
-from models.likelihoods import Likelihood
+from gpzoo.models import kernels
+from gpzoo.models.errors import InvalidArgumentError
+from gpzoo.models.kernels import Kernel
+from gpzoo.models.likelihoods import Likelihood
 
 __all__ = ["LIKELIHOOD_NAMES", "Common", "ModelSpec", "UnknownModelError", "default_likelihood", "describe", "get", "likelihood_from_name",
            "names", "option_names", "register"]
@@ -42,7 +42,7 @@ class ModelSpec:
 
     ``inducing`` names the inducing-variable kind ("points", "patches", ... or a tuple of kinds for
     a sum kernel with separate inducing sets); ``method`` names the inference family in
-    :mod:`inference` ("svgp" for the sparse variational GP of seed 000 §2.1).
+    :mod:`inference` ("svgp" for the sparse variational GP of van der Wilk et al. 2017, §2.1).
     """
 
     name: str
@@ -161,7 +161,7 @@ def get(name: str, **options) -> ModelSpec:
 
 def default_likelihood(task: str = "regression", num_classes: int | None = None) -> Likelihood:
     """The likelihood a zoo model uses for ``task`` unless told otherwise."""
-    from models import likelihoods  # noqa: PLC0415 - keeps import order simple for plug-ins
+    from gpzoo.models import likelihoods  # noqa: PLC0415 - keeps import order simple for plug-ins
 
     if task == "regression":
         return likelihoods.Gaussian(noise_variance=0.1)
@@ -183,7 +183,7 @@ LIKELIHOOD_NAMES = {
 
 def likelihood_from_name(name: str, task: str, num_classes: int | None = None) -> Likelihood:
     """The likelihood called ``name`` (a key of :data:`LIKELIHOOD_NAMES`) for a ``task`` dataset."""
-    from models import likelihoods  # noqa: PLC0415
+    from gpzoo.models import likelihoods  # noqa: PLC0415
 
     if name not in LIKELIHOOD_NAMES:
         raise InvalidArgumentError("likelihood", f"unknown likelihood {name!r}; valid: {', '.join(LIKELIHOOD_NAMES)}")
@@ -233,4 +233,4 @@ def _load_families():
 
 
 #: Modules that register zoo models on import; a module that is not present is skipped.
-_FAMILY_MODULES = ("models.zoo_convolutional", "models.zoo_invariant", "models.zoo_pg")
+_FAMILY_MODULES = ("gpzoo.models.zoo_convolutional", "gpzoo.models.zoo_invariant", "gpzoo.models.zoo_pg")

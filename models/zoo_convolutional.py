@@ -1,4 +1,4 @@
-"""Zoo models of the convolutional family (seed 000 §3): imported by :mod:`models.zoo` on demand.
+"""Zoo models of the convolutional family (van der Wilk et al. 2017, §3): imported by :mod:`gpzoo.models.zoo` on demand.
 
 Every builder takes the dataset facts (``input_dim``, ``task``, ``num_classes``, ``image_shape``)
 and options (``patch_shape``, ``num_inducing``, hyperparameter initial values, ``whiten``,
@@ -16,17 +16,17 @@ setups (3×3 patches, M = 16, training with Adam at 0.01 and minibatches of 100)
 * inducing patches: distinct training patches drawn at random (``inducing_init="kmeans"`` or
   ``"uniform"`` — the paper's choice for rectangles — also work);
 * RBF part of conv + RBF: SE on whole images, lengthscale √D / 2, variance 1 — the ELBO decides
-  how the variance splits between the parts (seed 000 §3.3; see
-  :func:`inference.components.component_variances`).
+  how the variance splits between the parts (van der Wilk et al. 2017, §3.3; see
+  :func:`gpzoo.inference.components.component_variances`).
 """
 
 from __future__ import annotations
 
 import math
 
-from models import kernels
-from models.errors import InvalidArgumentError, as_int_pair
-from models.kernels.convolutional import (
+from gpzoo.models import kernels
+from gpzoo.models.errors import InvalidArgumentError, as_int_pair
+from gpzoo.models.kernels.convolutional import (
     AdditiveColourConvolutional,
     Convolutional,
     ImageSum,
@@ -34,7 +34,7 @@ from models.kernels.convolutional import (
     WeightedConvolutional,
     image_dims,
 )
-from models.zoo import Common, ModelSpec, register
+from gpzoo.models.zoo import Common, ModelSpec, register
 
 DEFAULT_PATCH_SHAPE = (3, 3)
 DEFAULT_RBF_VARIANCE = 1.0
@@ -123,14 +123,14 @@ def _register_conv_rbf(name, description, *, weighted):
     return build
 
 
-_register_conv("conv", "Translation-invariant convolutional GP f(x) = Σ_p g(x^[p]), inducing patches (seed 000 §3.1)",
+_register_conv("conv", "Translation-invariant convolutional GP f(x) = Σ_p g(x^[p]), inducing patches (van der Wilk et al. 2017, §3.1)",
                weighted=False, colour_patch=False)
-_register_conv("weighted-conv", "Weighted convolutional GP f(x) = Σ_p w_p g(x^[p]) with learned weights (seed 000 §3.2)",
+_register_conv("weighted-conv", "Weighted convolutional GP f(x) = Σ_p w_p g(x^[p]) with learned weights (van der Wilk et al. 2017, §3.2)",
                weighted=True, colour_patch=False)
-_register_conv("colour-patch-conv", "Weighted convolutional GP on w×h×C colour patches (seed 000 §3.4)",
+_register_conv("colour-patch-conv", "Weighted convolutional GP on w×h×C colour patches (van der Wilk et al. 2017, §3.4)",
                weighted=True, colour_patch=True)
-_register_conv_rbf("conv+rbf", "Convolutional + RBF GP, separate inducing patches and points (seed 000 §3.3)", weighted=False)
-_register_conv_rbf("weighted-conv+rbf", "Weighted convolutional + RBF GP, separate inducing patches and points (seed 000 §3.3)",
+_register_conv_rbf("conv+rbf", "Convolutional + RBF GP, separate inducing patches and points (van der Wilk et al. 2017, §3.3)", weighted=False)
+_register_conv_rbf("weighted-conv+rbf", "Weighted convolutional + RBF GP, separate inducing patches and points (van der Wilk et al. 2017, §3.3)",
                    weighted=True)
 
 
@@ -151,8 +151,8 @@ def _per_channel_model(name, description, kernel_class, *, channel_terms: bool, 
 
 
 _per_channel_model("additive-colour-conv",
-                   "Weighted convolutional GP with an additive-over-channels patch kernel (seed 000 eq. 24–25)",
+                   "Weighted convolutional GP with an additive-over-channels patch kernel (van der Wilk et al. 2017, eq. 24–25)",
                    AdditiveColourConvolutional, channel_terms=False)
 _per_channel_model("multichannel-conv",
-                   "Multi-channel convolutional GP, one g_c per channel, C·M inducing outputs (seed 000 eq. 22–23)",
+                   "Multi-channel convolutional GP, one g_c per channel, C·M inducing outputs (van der Wilk et al. 2017, eq. 22–23)",
                    MultiChannelConvolutional, channel_terms=True, q_structure="block")

@@ -1,24 +1,24 @@
-"""Zoo models of the invariant family (seed 001 §4–5, seed 000 App. D): imported by :mod:`models.zoo` on demand.
+"""Zoo models of the invariant family (van der Wilk et al. 2018, §4–5, van der Wilk et al. 2017, App. D): imported by :mod:`gpzoo.models.zoo` on demand.
 
 * ``invariant-finite`` — f(x) = Σ_{g∈G} f_base(g x) for a finite group (default: 90° rotations
   of square images, the swap of x1, x2 for 2-D tables). The whole orbit is exact and fits with
   the ordinary SVGP path; ``num_orbit_samples`` < |G| sub-samples it (App. B.1 estimator).
-* ``invariant-rot`` — rotations by φ ~ U(−α, α) with α learned (seed 001 §5.1).
+* ``invariant-rot`` — rotations by φ ~ U(−α, α) with α learned (van der Wilk et al. 2018, §5.1).
 * ``invariant-affine`` — affine augmentation, 6 free range pairs (``parameterisation="general"``)
-  or rotation/scale/shear/translation ranges (``"interpretable"``) (seed 001 §5.2–5.3).
-* ``invariant-deform`` — smooth local displacement field + small affine map (seed 001 §5.2).
+  or rotation/scale/shear/translation ranges (``"interpretable"``) (van der Wilk et al. 2018, §5.2–5.3).
+* ``invariant-deform`` — smooth local displacement field + small affine map (van der Wilk et al. 2018, §5.2).
 
 All use inducing points in the base function's input space (``inducing="invariant-points"``)
 and, when the kernel is sampled, ``method="invariant-svgp"``. Both are provided by
-:mod:`inference.invariant`, which must be imported before ``inference.fit`` (it registers them).
+:mod:`gpzoo.inference.invariant`, which must be imported before ``inference.fit`` (it registers them).
 Sampled kernels accept only a Gaussian likelihood or the Pólya–Gamma bound for binary labels
 (Bernoulli-logit, the default for ``task="binary"``); multi-class tasks use a Gaussian likelihood
 on one output as in the seed's §5.2 only when the user passes one.
 
 Binary tasks with a sampled kernel use the Pólya–Gamma bound; ``pg_c`` picks the tilt of
 q(ω_n) = PG(1, c_n): ``"closed-form"`` (c_n = √Ê[f_n²], default), ``"recognition"`` (an MLP of
-(x_n, y_n) with hidden widths ``pg_recognition_hidden``, seed 001 §4.5) or ``"free"`` (one
-learned c_n per training point); see :mod:`inference.invariant`.
+(x_n, y_n) with hidden widths ``pg_recognition_hidden``, van der Wilk et al. 2018, §4.5) or ``"free"`` (one
+learned c_n per training point); see :mod:`gpzoo.inference.invariant`.
 
 Defaults: SE base kernel with lengthscale max(1, √D/2) on images (1 on tables); base variance
 1 for augmentation densities (k_f is an average) and 1/|G|² for finite sums (k_f(x, x) then
@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import math
 
-from models import kernels
-from models.errors import InvalidArgumentError
-from models.kernels.invariant import (
+from gpzoo.models import kernels
+from gpzoo.models.errors import InvalidArgumentError
+from gpzoo.models.kernels.invariant import (
     AffineAugmentation,
     FiniteOrbit,
     InterpretableAffineAugmentation,
@@ -39,9 +39,9 @@ from models.kernels.invariant import (
     LocalDeformation,
     RotationAugmentation,
 )
-from models.kernels.symmetry import FiniteGroup, ImageSymmetries, SwapInputs
-from models.likelihoods import Likelihood
-from models.zoo import Common, ModelSpec, register
+from gpzoo.models.kernels.symmetry import FiniteGroup, ImageSymmetries, SwapInputs
+from gpzoo.models.likelihoods import Likelihood
+from gpzoo.models.zoo import Common, ModelSpec, register
 
 DEFAULT_ORBIT_SAMPLES = 8
 DEFAULT_NUM_INDUCING = 32
@@ -97,7 +97,7 @@ def _spec(common: Common, name: str, kernel: InvariantKernel, shape, options, pg
     )
 
 
-@register("invariant-finite", "Invariant GP f(x) = Σ_g f_base(g x) over a finite group; exact or sub-sampled orbit (seed 001 eq. 7, App. B.1)",
+@register("invariant-finite", "Invariant GP f(x) = Σ_g f_base(g x) over a finite group; exact or sub-sampled orbit (van der Wilk et al. 2018, eq. 7, App. B.1)",
           num_inducing=DEFAULT_NUM_INDUCING)
 def _invariant_finite(common: Common, group: FiniteGroup | None = None, num_orbit_samples: int | None = None,
                       lengthscale=None, variance=None,
@@ -124,7 +124,7 @@ def _augmented(common: Common, name: str, make_orbit, lengthscale, variance, opt
     return _spec(common, name, kernel, shape, options, pg_c, pg_recognition_hidden)
 
 
-@register("invariant-rot", "GP insensitive to rotations φ ~ U(−α, α), α learned by the marginal likelihood (seed 001 §5.1)",
+@register("invariant-rot", "GP insensitive to rotations φ ~ U(−α, α), α learned by the marginal likelihood (van der Wilk et al. 2018, §5.1)",
           num_inducing=DEFAULT_NUM_INDUCING)
 def _invariant_rot(common: Common, max_angle: float = 45.0, num_orbit_samples: int = DEFAULT_ORBIT_SAMPLES,
                    lengthscale=None, variance: float = 1.0,
@@ -134,7 +134,7 @@ def _invariant_rot(common: Common, max_angle: float = 45.0, num_orbit_samples: i
                       lengthscale, variance, {"num_orbit_samples": num_orbit_samples}, pg_c, pg_recognition_hidden)
 
 
-@register("invariant-affine", "GP insensitive to learned affine augmentations (general 6-parameter or interpretable) (seed 001 §5)",
+@register("invariant-affine", "GP insensitive to learned affine augmentations (general 6-parameter or interpretable) (van der Wilk et al. 2018, §5)",
           num_inducing=DEFAULT_NUM_INDUCING)
 def _invariant_affine(common: Common, parameterisation: str = "general", lower=None, upper=None,
                       num_orbit_samples: int = DEFAULT_ORBIT_SAMPLES, lengthscale=None, variance: float = 1.0,
@@ -157,7 +157,7 @@ def _invariant_affine(common: Common, parameterisation: str = "general", lower=N
                       pg_c, pg_recognition_hidden)
 
 
-@register("invariant-deform", "GP insensitive to learned local deformations (smooth displacement field + small affine) (seed 001 §5.2)",
+@register("invariant-deform", "GP insensitive to learned local deformations (smooth displacement field + small affine) (van der Wilk et al. 2018, §5.2)",
           num_inducing=DEFAULT_NUM_INDUCING)
 def _invariant_deform(common: Common, displacement: float = 1.0, max_angle: float = 10.0, max_log_scale: float = 0.05,
                       max_shear: float = 0.05, smoothness: float = 3.0, num_orbit_samples: int = DEFAULT_ORBIT_SAMPLES,

@@ -1,10 +1,10 @@
 """Zoo model ``svgp-logistic-pg``: the logistic SVGP fitted by Pólya–Gamma natural gradients.
 
 Same prior and inducing points as ``svgp-rbf`` (SE kernel, M = 32 by default) with a
-Bernoulli-logit likelihood and ``method="svgp-logistic-pg"``, which :func:`inference.fit` routes to
-:func:`inference.pg_natgrad.fit_pg_natgrad` (closed-form q(ω) = PG(1, c), natural-gradient /
-coordinate-ascent q(u), Adam on the hyperparameters; Wenzel et al. 2019; the bound is seed 001
-eq. 22–23). Imported by :mod:`models.zoo` on demand.
+Bernoulli-logit likelihood and ``method="svgp-logistic-pg"``, which :func:`gpzoo.inference.fit` routes to
+:func:`gpzoo.inference.pg_natgrad.fit_pg_natgrad` (closed-form q(ω) = PG(1, c), natural-gradient /
+coordinate-ascent q(u), Adam on the hyperparameters; Wenzel et al. 2019; the bound is van der Wilk et al. 2018
+eq. 22–23). Imported by :mod:`gpzoo.models.zoo` on demand.
 
 ``whiten`` (default True) chooses the coordinates in which q(u) is stored and held fixed while the
 hyperparameters move; the natural-gradient step itself is the same step in both. ``step_size``
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from models import kernels
-from models.errors import InvalidArgumentError
-from models.likelihoods import Bernoulli
-from models.zoo import Common, ModelSpec, register
+from gpzoo.models import kernels
+from gpzoo.models.errors import InvalidArgumentError
+from gpzoo.models.likelihoods import Bernoulli
+from gpzoo.models.zoo import Common, ModelSpec, register
 
 METHOD = "svgp-logistic-pg"
 

@@ -1,4 +1,4 @@
-"""Compare an RBF SVGP with convolutional GPs on the rectangles task (seed 000 §3.1), via the public API.
+"""Compare an RBF SVGP with convolutional GPs on the rectangles task (van der Wilk et al. 2017, §3.1), via the public API.
 
     python scripts/compare_rectangles.py --out reports/rectangles-script
     python scripts/compare_rectangles.py --quick --out /tmp/rect     # tiny settings (tests)
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpyro  # noqa: F401 - before arviz (see analysis/__init__.py)
 
-from analysis import compare_elbo, datasets, report
-from inference import fit
-from models import zoo
+from gpzoo.analysis import compare_elbo, datasets, report
+from gpzoo.inference import fit
+from gpzoo.models import zoo
 
 MODELS = ("svgp-rbf", "conv", "weighted-conv")
 FULL = {"num_train": 1200, "num_test": 1000, "steps": 2000, "batch_size": 100, "num_inducing": 16, "num_draws": 200}

@@ -12,8 +12,8 @@ import xarray as xr
 from matplotlib.figure import Figure
 from scipy import stats
 
-from analysis import calibration as cal
-from models.errors import DataError, InvalidArgumentError, ShapeError
+from gpzoo.analysis import calibration as cal
+from gpzoo.models.errors import DataError, InvalidArgumentError, ShapeError
 
 NUM_CLASSES = 10
 N_LARGE = 200_000

@@ -12,9 +12,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import datasets
-from analysis.cli import main
-from models import zoo
+from gpzoo.analysis import datasets
+from gpzoo.analysis.cli import main
+from gpzoo.models import zoo
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 REPO = Path(__file__).resolve().parents[1]
@@ -134,7 +134,7 @@ def test_conv_model_on_tabular_data(tmp_path, capsys):
 def test_console_script_entry_point(tmp_path):
     """The installed `gpzoo` script (pyproject: analysis.cli:main) runs and reports errors the same way."""
     script = Path(sys.executable).with_name("gpzoo")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "analysis.cli"]
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "gpzoo.analysis.cli"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([*command, "compare", "--models", "nope", "--out", str(tmp_path)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
@@ -148,7 +148,7 @@ def test_likelihood_option_sets_every_model_likelihood(tmp_path, capsys):
     code, _, err = _run(["compare", "--data", "digits-8x8", "--models", "svgp-rbf", "--likelihood", "one-hot-gaussian",
                          "--out", str(out), *TINY], capsys)
     assert code == 0, err
-    from analysis.report import read_datatree  # noqa: PLC0415
+    from gpzoo.analysis.report import read_datatree  # noqa: PLC0415
 
     tree = read_datatree(out / "models" / "svgp-rbf.nc")
     assert tree.attrs["likelihood"] == "OneHotGaussian"

@@ -1,4 +1,4 @@
-"""analysis.compare: ELBO and PSIS-LOO rankings, their disagreement, the trace figure."""
+"""gpzoo.analysis.compare: ELBO and PSIS-LOO rankings, their disagreement, the trace figure."""
 
 from __future__ import annotations
 
@@ -9,18 +9,18 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from analysis.compare import (
+from gpzoo.analysis.compare import (
     compare_elbo,
     compare_loo,
     elbo_table,
     elbo_traces_figure,
     ranking_disagreements,
 )
-from analysis.datatree import to_datatree
-from inference.fit import fit
-from models import kernels, likelihoods, zoo
-from models.errors import InvalidArgumentError
-from models.zoo import ModelSpec
+from gpzoo.analysis.datatree import to_datatree
+from gpzoo.inference.fit import fit
+from gpzoo.models import kernels, likelihoods, zoo
+from gpzoo.models.errors import InvalidArgumentError
+from gpzoo.models.zoo import ModelSpec
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

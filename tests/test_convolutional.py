@@ -1,4 +1,4 @@
-"""Convolutional kernels and inducing patches (seed 000 §3, App. A–C) against brute force, float64.
+"""Convolutional kernels and inducing patches (van der Wilk et al. 2017, §3, App. A–C) against brute force, float64.
 
 Brute-force references extract patches with explicit Python loops and sum base-kernel values
 one pair at a time, independently of the library's stream/patch machinery.
@@ -13,13 +13,13 @@ import pytest
 from jax.test_util import check_grads
 from matplotlib.figure import Figure
 
-from inference import fit, predict
-from analysis.figures import inducing_patches_figure
-from inference.components import _realised_parts, component_variances, inducing_patch_outputs
-from inference.inducing import InducingPatches, InducingPoints, Kuf, Kuu, SeparateInducing, initialise_inducing
-from models import kernels, zoo
-from models.errors import DataError, InvalidArgumentError, ShapeError
-from models.kernels.convolutional import (
+from gpzoo.inference import fit, predict
+from gpzoo.analysis.figures import inducing_patches_figure
+from gpzoo.inference.components import _realised_parts, component_variances, inducing_patch_outputs
+from gpzoo.inference.inducing import InducingPatches, InducingPoints, Kuf, Kuu, SeparateInducing, initialise_inducing
+from gpzoo.models import kernels, zoo
+from gpzoo.models.errors import DataError, InvalidArgumentError, ShapeError
+from gpzoo.models.kernels.convolutional import (
     AdditiveColourConvolutional,
     Convolutional,
     ImageSum,
@@ -149,7 +149,7 @@ KUF_IDS = ["fused", "autodiff-conv", "autodiff-matmul"]
 
 @pytest.mark.parametrize("kuf", KUF_PATHS, ids=KUF_IDS)
 def test_conv_kernel_equals_brute_force_sums(rng, kuf):
-    """Kuu, Kuf and the Kff diagonal of seed 000 eq. 14–16 (and 18–19) against explicit sums."""
+    """Kuu, Kuf and the Kff diagonal of van der Wilk et al. 2017, eq. 14–16 (and 18–19) against explicit sums."""
     X, Z = _data(rng, GREY, GREY_PATCH)
     kern = Convolutional(_base(), GREY, GREY_PATCH, normalisation="sum", **kuf)
     P = kern.num_patches
@@ -181,7 +181,7 @@ def test_colour_variants_equal_brute_force(rng, kuf):
     C = COLOUR[2]
     Zgrey = Z[:, : COLOUR_PATCH[0] * COLOUR_PATCH[1]]
     opts = dict(normalisation="sum", **kuf)
-    # colour patches (seed 000 §3.4), weighted
+    # colour patches (van der Wilk et al. 2017, §3.4), weighted
     k = WeightedConvolutional.create(_base(), COLOUR, COLOUR_PATCH, **opts)
     w = rng.normal(size=k.weights.shape)
     k = WeightedConvolutional(_base(), COLOUR, COLOUR_PATCH, weights=w, **opts)
@@ -274,7 +274,7 @@ def test_unit_weights_reduce_weighted_to_plain_conv(rng):
 
 
 def test_conv_plus_rbf_equals_sum_of_parts(rng):
-    """Block-diagonal Kuu and stacked Kuf of seed 000 eq. C.18–C.20."""
+    """Block-diagonal Kuu and stacked Kuf of van der Wilk et al. 2017, eq. C.18–C.20."""
     X, Z = _data(rng, GREY, GREY_PATCH, N=4, M=3)
     conv = WeightedConvolutional(_base(), GREY, GREY_PATCH, weights=rng.normal(size=16))
     rbf = kernels.SquaredExponential(lengthscale=2.0, variance=0.3)
@@ -291,7 +291,7 @@ def test_conv_plus_rbf_equals_sum_of_parts(rng):
 
 
 def test_conv_and_matmul_products_agree(rng):
-    """The two Kuf strategies (seed 000 App. A.2) and the fused SE path agree, also with an ARD
+    """The two Kuf strategies (van der Wilk et al. 2017, App. A.2) and the fused SE path agree, also with an ARD
     lengthscale over patch positions."""
     base = kernels.SquaredExponential(lengthscale=np.linspace(0.5, 1.5, 12), variance=VAR)
     X, Z = _data(rng, COLOUR, COLOUR_PATCH, N=5, M=6)
@@ -542,7 +542,7 @@ def test_zoo_specs():
 
 # ----------------------------------------------------------------------------- fitting end to end
 def _rectangles(n, size=8, seed=0):
-    """Outlines of random rectangles; label 1 when wider than tall (seed 000 §3.1, small)."""
+    """Outlines of random rectangles; label 1 when wider than tall (van der Wilk et al. 2017, §3.1, small)."""
     rng = np.random.default_rng(seed)
     X, y = np.zeros((n, size * size)), np.zeros(n, int)
     for i in range(n):

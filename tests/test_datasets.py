@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analysis import datasets
-from models.errors import DataError, InvalidArgumentError, ShapeError
+from gpzoo.analysis import datasets
+from gpzoo.models.errors import DataError, InvalidArgumentError, ShapeError
 
 GENERATED = ["rectangles", "colour-patches", "symmetric-toy", "two-moons", "banana"]
 BUILTIN = [name for name in datasets.names() if not name.startswith("local-")]
@@ -493,7 +493,7 @@ def test_validate_images_checks_shapes_of_tracers_and_skips_their_values():
 
 def test_import_reads_nothing_and_loads_no_data_library():
     code = (
-        "import sys; import analysis.datasets; "
+        "import sys; import gpzoo.analysis.datasets; "
         "print(sorted(m for m in ('mlxtend', 'sklearn', 'statsmodels', 'scipy.ndimage') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

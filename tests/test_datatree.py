@@ -1,4 +1,4 @@
-"""analysis.to_datatree and inference.posterior: ArviZ conventions, ArviZ functions, exact-GP LOO."""
+"""gpzoo.analysis.to_datatree and inference.posterior: ArviZ conventions, ArviZ functions, exact-GP LOO."""
 
 from __future__ import annotations
 
@@ -14,16 +14,16 @@ import pytest
 import xarray as xr
 from arviz_base import from_dict
 
-from analysis.compare import loo_approximate
-from analysis.datatree import to_datatree
-from analysis.report import read_datatree, write_datatree
-from inference.exact import exact_log_marginal, optimal_q
-from inference.fit import fit, predict
-from inference.inducing import InducingPoints
-from inference.posterior import conditional_given_u, pointwise_given_u, sample_inducing
-from models import kernels, likelihoods, zoo
-from models.errors import InvalidArgumentError
-from models.zoo import ModelSpec
+from gpzoo.analysis.compare import loo_approximate
+from gpzoo.analysis.datatree import to_datatree
+from gpzoo.analysis.report import read_datatree, write_datatree
+from gpzoo.inference.exact import exact_log_marginal, optimal_q
+from gpzoo.inference.fit import fit, predict
+from gpzoo.inference.inducing import InducingPoints
+from gpzoo.inference.posterior import conditional_given_u, pointwise_given_u, sample_inducing
+from gpzoo.models import kernels, likelihoods, zoo
+from gpzoo.models.errors import InvalidArgumentError
+from gpzoo.models.zoo import ModelSpec
 from numpyro import distributions as dist  # not `import numpyro.distributions`: see analysis/__init__.py
 
 matplotlib.use("Agg")

@@ -10,11 +10,11 @@ import numpy as np
 import optax
 import pytest
 
-from inference import fit
-from inference.checkpoint import load_checkpoint
-from inference.linalg import cholesky_with_jitter
-from models import kernels, likelihoods, zoo
-from models.errors import CheckpointError, DataError, HyperparameterError, InvalidArgumentError, ShapeError, TrainingError
+from gpzoo.inference import fit
+from gpzoo.inference.checkpoint import load_checkpoint
+from gpzoo.inference.linalg import cholesky_with_jitter
+from gpzoo.models import kernels, likelihoods, zoo
+from gpzoo.models.errors import CheckpointError, DataError, HyperparameterError, InvalidArgumentError, ShapeError, TrainingError
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +113,7 @@ def test_jitter_increase_is_recorded_in_diagnostics():
     X = np.repeat(np.linspace(0, 1, 5)[:, None], 4, axis=0)  # duplicated inputs
     y = np.sin(X[:, 0])
     spec = zoo.get("svgp-rbf", input_dim=1, num_inducing=4).replace(jitter=1e-18)
-    from inference.inducing import InducingPoints
+    from gpzoo.inference.inducing import InducingPoints
 
     Z = jnp.asarray(np.array([[0.0], [0.0], [0.5], [1.0]]))  # two identical inducing inputs
     res = fit(spec, X, y, steps=5, inducing=InducingPoints(Z), progress=False)
@@ -204,7 +204,7 @@ def test_ctrl_c_checkpoints_the_last_completed_chunk_and_resume_reproduces(tmp_p
     X, y = data
     kw = dict(batch_size=20, seed=5, progress=False, checkpoint_every=100, chunk_size=6)
     full = fit(spec, X, y, steps=30, **kw)
-    fit_module = sys.modules["inference.fit"]  # `inference.fit` names the function
+    fit_module = sys.modules["gpzoo.inference.fit"]  # `inference.fit` names the function
     monkeypatch.setattr(fit_module, "tqdm", lambda *a, **k: _InterruptingBar(2, *a, **k))
     with pytest.raises(KeyboardInterrupt):
         fit(spec, X, y, steps=30, checkpoint_dir=tmp_path / "ck", **kw)
@@ -218,7 +218,7 @@ def test_ctrl_c_checkpoints_the_last_completed_chunk_and_resume_reproduces(tmp_p
 
 def test_ctrl_c_during_a_checkpoint_write_waits_for_the_write(tmp_path, monkeypatch):
     """SIGINT while the first of four files is written: all four are written, then KeyboardInterrupt."""
-    import inference.checkpoint as ck
+    import gpzoo.inference.checkpoint as ck
 
     write = ck._atomic_write
     calls = []
@@ -241,7 +241,7 @@ def test_ctrl_c_during_a_checkpoint_write_waits_for_the_write(tmp_path, monkeypa
 
 def test_checkpoint_files_from_different_steps_are_refused(tmp_path):
     """A set mixed by a write cut short (e.g. a killed process) is detected, not resumed from."""
-    from inference.checkpoint import save_checkpoint
+    from gpzoo.inference.checkpoint import save_checkpoint
 
     for step in (4, 8):
         save_checkpoint(tmp_path / str(step), params={"p": np.full(2, step)}, state={"a": np.arange(3.0) * step},

@@ -9,9 +9,9 @@ import numpyro.distributions as dist
 import pytest
 from numpyro.infer import MCMC, NUTS
 
-from inference.gibbs import MAX_JOINT_POINTS, MAX_NUM_DATA, gibbs_gp_classification, sample_f_given_omega, sample_omega
-from models.errors import DataError, InvalidArgumentError, ShapeError
-from models.kernels import SquaredExponential
+from gpzoo.inference.gibbs import MAX_JOINT_POINTS, MAX_NUM_DATA, gibbs_gp_classification, sample_f_given_omega, sample_omega
+from gpzoo.models.errors import DataError, InvalidArgumentError, ShapeError
+from gpzoo.models.kernels import SquaredExponential
 
 SIGMAS = 4.0  # tolerance: 4 combined Monte Carlo standard errors
 NUM_CHAINS, NUM_WARMUP, NUM_SAMPLES = 4, 500, 1000

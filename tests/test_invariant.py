@@ -1,4 +1,4 @@
-"""Invariant kernels, orbit estimators, image transforms and the invariant SVGP (seed 001 §4–5, App. B)."""
+"""Invariant kernels, orbit estimators, image transforms and the invariant SVGP (van der Wilk et al. 2018, §4–5, App. B)."""
 
 import jax
 import jax.numpy as jnp
@@ -6,15 +6,15 @@ import numpy as np
 import numpyro
 import pytest
 
-import inference.invariant  # noqa: F401 - registers the "invariant-svgp" family and inducing kind
-from analysis import datasets
-from inference import evaluate_elbo, fit, predict
-from inference.invariant import BaseInducingPoints, InvariantSVGP
-from inference.svgp import SVGP
-from models import zoo
-from models.errors import InvalidArgumentError
-from models.kernels import CyclicShift, ImageSymmetries, OrbitSum, SquaredExponential, SwapInputs
-from models.kernels.invariant import (
+import gpzoo.inference.invariant  # noqa: F401 - registers the "invariant-svgp" family and inducing kind
+from gpzoo.analysis import datasets
+from gpzoo.inference import evaluate_elbo, fit, predict
+from gpzoo.inference.invariant import BaseInducingPoints, InvariantSVGP
+from gpzoo.inference.svgp import SVGP
+from gpzoo.models import zoo
+from gpzoo.models.errors import InvalidArgumentError
+from gpzoo.models.kernels import CyclicShift, ImageSymmetries, OrbitSum, SquaredExponential, SwapInputs
+from gpzoo.models.kernels.invariant import (
     AffineAugmentation,
     FiniteOrbit,
     InterpretableAffineAugmentation,
@@ -22,8 +22,8 @@ from models.kernels.invariant import (
     LocalDeformation,
     RotationAugmentation,
 )
-from models.likelihoods import Bernoulli, Gaussian, OneHotGaussian, Poisson
-from models.zoo import ModelSpec
+from gpzoo.models.likelihoods import Bernoulli, Gaussian, OneHotGaussian, Poisson
+from gpzoo.models.zoo import ModelSpec
 
 NUM_DRAWS = 4000
 SIGMAS = 4.0  # tolerance: 4 standard errors of the Monte Carlo mean
@@ -145,7 +145,7 @@ def test_subsampled_elbo_terms_average_to_the_exact_ones(likelihood, whiten):
         _within_standard_errors(draws, _ell(exact, params, X, y, None))
     else:
         # the PG bound at the optimal c equals the Jaakkola–Jordan bound; at an estimated c it is lower
-        from inference.polya_gamma import optimal_c, pg_logistic_bound
+        from gpzoo.inference.polya_gamma import optimal_c, pg_logistic_bound
 
         with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=0):
             parts = exact.parts()
@@ -259,7 +259,7 @@ def test_fit_invariant_rot_on_tiny_images_improves_the_elbo():
     assert np.isfinite(elbo.elbo)
 
 
-# ----------------------------------------------------------------------------- q(ω) options (seed 001 §4.5)
+# ----------------------------------------------------------------------------- q(ω) options (van der Wilk et al. 2018, §4.5)
 def _pg_family(pg_c, variance=0.05, likelihood=Bernoulli(link="logit"), **options):
     orbit = FiniteOrbit(ImageSymmetries((3, 3)), num_samples=4)
     kernel = InvariantKernel(SquaredExponential(lengthscale=1.2, variance=variance), orbit)
@@ -270,8 +270,8 @@ def _pg_family(pg_c, variance=0.05, likelihood=Bernoulli(link="logit"), **option
 
 def test_recognition_c_gives_a_valid_bound_below_the_closed_form_optimum():
     """For any c the PG bound (eq. 23) is ≤ its value at c = √E[f²] (same estimate) and ≤ E_q[log σ] (exact moments)."""
-    from inference.invariant import recognition_c
-    from inference.polya_gamma import optimal_c, pg_logistic_bound
+    from gpzoo.inference.invariant import recognition_c
+    from gpzoo.inference.polya_gamma import optimal_c, pg_logistic_bound
 
     family = _pg_family("recognition")
     X = jnp.asarray(_rng(8).uniform(size=(12, 9)))
@@ -323,7 +323,7 @@ def _exact_pg_bound(family, params, X, y, c):
     """Σ_n pg_logistic_bound(y_n, μ_n, E f_n², c_n) − KL with exact moments ``[N]`` (the expectation of the estimate)."""
     from numpyro.distributions.kl import kl_divergence
 
-    from inference.polya_gamma import pg_logistic_bound
+    from gpzoo.inference.polya_gamma import pg_logistic_bound
 
     exact = _exact_twin(family)
     with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=0):
@@ -336,8 +336,8 @@ def _exact_pg_bound(family, params, X, y, c):
 
 def test_free_c_of_row_n_is_used_for_row_n():
     """The model reads c at the batch's training-set rows: factor b = PG bound of row idx[b] at c[idx[b]]."""
-    from inference.invariant import FREE_C_SITE
-    from inference.polya_gamma import pg_logistic_bound
+    from gpzoo.inference.invariant import FREE_C_SITE
+    from gpzoo.inference.polya_gamma import pg_logistic_bound
 
     family = _pg_family("free")
     N = 12
@@ -362,7 +362,7 @@ def test_fit_with_free_c_on_minibatches_approaches_the_optimal_c_bound():
     """Free per-datum c trained on minibatches of 10 (of 40) rows: at the fitted q(u), every c_n is near row n's
     optimum √E[f_n²], so the bound beats c = 1 (the initial c, also the recognition network's initial output)
     and nearly reaches the bound at the closed-form optimal c; evaluate_elbo reads the trained c."""
-    from inference.invariant import FREE_C_SITE
+    from gpzoo.inference.invariant import FREE_C_SITE
 
     X = _rng(12).uniform(size=(40, 9))
     y = (X.sum(1) > 4.5).astype(float)  # invariant under every symmetry of the 3×3 square

@@ -1,4 +1,4 @@
-"""Kernel properties that follow from the maths (seed 004; seed 000 App. D). Runs in float64."""
+"""Kernel properties that follow from the maths (Duvenaud 2014; van der Wilk et al. 2017, App. D). Runs in float64."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import numpyro.distributions as dist
 import pytest
 from numpyro import handlers
 
-from models import kernels as kern
-from models.errors import DataError, HyperparameterError, ShapeError
+from gpzoo.models import kernels as kern
+from gpzoo.models.errors import DataError, HyperparameterError, ShapeError
 
 SE = kern.SquaredExponential
 
@@ -194,7 +194,7 @@ def test_cross_covariance_is_a_block_of_the_joint_matrix(case):
 
 @pytest.mark.parametrize("case", IDS)
 def test_sum_and_product_act_elementwise(case):
-    """seed 004 eq. 1.2–1.3."""
+    """Duvenaud 2014, eq. 1.2–1.3."""
     f = facts(case)
     np.testing.assert_allclose(f["sum_xy"], f["K_xy"] + f["other_xy"], rtol=1e-12)
     np.testing.assert_allclose(f["product_xy"], f["K_xy"] * f["other_xy"], rtol=1e-12)
@@ -204,7 +204,7 @@ def test_sum_and_product_act_elementwise(case):
 
 @pytest.mark.parametrize("case", IDS)
 def test_active_dims_ignore_the_other_columns(case):
-    """A kernel on columns 1..D of [noise, X, noise, noise] is the kernel on X (seed 004 §1.3.3)."""
+    """A kernel on columns 1..D of [noise, X, noise, noise] is the kernel on X (Duvenaud 2014, §1.3.3)."""
     f = facts(case)
     np.testing.assert_allclose(f["restricted_xx"], f["K_xx"], rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(f["restricted_diag_x"], f["K_diag_x"], rtol=1e-12, atol=1e-14)
@@ -364,7 +364,7 @@ def test_stationary_kernels_match_their_closed_forms(rng):
 
 
 def test_periodic_kernel_is_invariant_to_shifts_by_the_period(rng):
-    """seed 004 eq. 1.40: f(x) = f(x + τ), so k(x + τ, y) = k(x, y)."""
+    """Duvenaud 2014, eq. 1.40: f(x) = f(x + τ), so k(x + τ, y) = k(x, y)."""
     X, Y = two_sets(_inputs(2), rng)
     k = kern.Periodic(lengthscale=0.6, period=np.array([0.7, 1.9]))
     np.testing.assert_allclose(k.K(X + np.array([0.7, -3 * 1.9]), Y), k.K(X, Y), rtol=1e-9, atol=1e-12)
@@ -374,7 +374,7 @@ def test_dot_product_kernels(rng):
     X, Y = two_sets(continuous, rng)
     v, c = np.array([0.5, 1.0, 2.0]), np.array([0.1, -0.2, 0.3])
     np.testing.assert_allclose(kern.Linear(variance=v, offset=c).K(X, Y), ((X - c) * v) @ (Y - c).T, rtol=1e-12)
-    # A polynomial kernel is a product of `degree` (linear + constant) kernels (seed 004 §1.3.2).
+    # A polynomial kernel is a product of `degree` (linear + constant) kernels (Duvenaud 2014, §1.3.2).
     factor = kern.Linear(variance=0.5) + kern.Constant(variance=1.5)
     np.testing.assert_allclose(kern.Polynomial(degree=3, variance=0.5, offset=1.5).K(X, Y),
                                (factor * factor * factor).K(X, Y), rtol=1e-12)
@@ -385,7 +385,7 @@ def test_dot_product_kernels(rng):
 
 
 def test_categorical_kernel_is_se_ard_on_one_hot_codes():
-    """seed 004 eq. 1.51: k(i, j) = σ² exp(−(1/ℓ_i² + 1/ℓ_j²)/2) for i ≠ j, σ² for i = j."""
+    """Duvenaud 2014, eq. 1.51: k(i, j) = σ² exp(−(1/ℓ_i² + 1/ℓ_j²)/2) for i ≠ j, σ² for i = j."""
     ell = np.array([0.5, 1.0, 2.0])
     codes = np.array([[0.0], [1.0], [2.0], [1.0]])
     K = np.asarray(kern.Categorical(3, lengthscale=ell, variance=1.7).K(codes))  # [4, 4]
@@ -396,7 +396,7 @@ def test_categorical_kernel_is_se_ard_on_one_hot_codes():
 
 
 def test_coregionalization_is_b_times_k(rng):
-    """seed 004 eq. 1.52 with B = W Wᵀ + diag(κ)."""
+    """Duvenaud 2014, eq. 1.52 with B = W Wᵀ + diag(κ)."""
     kappa = np.array([0.1, 0.2, 0.3])
     base = kern.Matern52(lengthscale=0.8)
     k = kern.Coregionalization(base, W=W3, kappa=kappa)
@@ -412,7 +412,7 @@ def test_coregionalization_is_b_times_k(rng):
 
 
 def test_changepoint_switches_between_kernels(rng):
-    """seed 004 eq. 1.19: far before the change k = k_before, far after it k = k_after."""
+    """Duvenaud 2014, eq. 1.19: far before the change k = k_before, far after it k = k_after."""
     before, after = SE(lengthscale=0.5), kern.Periodic(period=0.3)
     cp = kern.ChangePoint(before, after, location=1.0, steepness=2.0)
     left = continuous(rng, M, 1) - 30.0  # [M, 1]
@@ -430,7 +430,7 @@ def test_changepoint_switches_between_kernels(rng):
 
 
 def test_function_scaled_is_a_outer_k(rng):
-    """seed 004 eq. 1.21: a(x) k(x, y) a(y)."""
+    """Duvenaud 2014, eq. 1.21: a(x) k(x, y) a(y)."""
     X, Y = two_sets(continuous, rng)
     base = kern.Matern32()
     expected = np.asarray(amplitude(X))[:, None] * base.K(X, Y) * np.asarray(amplitude(Y))[None, :]  # [N, M]
@@ -438,7 +438,7 @@ def test_function_scaled_is_a_outer_k(rng):
 
 
 def test_additive_kernel_over_active_dims(rng):
-    """seed 004 eq. 1.8: k1(x1, x1') + k2(x2, x2')."""
+    """Duvenaud 2014, eq. 1.8: k1(x1, x1') + k2(x2, x2')."""
     X = continuous(rng, N, 2)
     k = SE(active_dims=[0]) + kern.Periodic(active_dims=[1])
     np.testing.assert_allclose(k.K(X), SE().K(X[:, :1]) + kern.Periodic().K(X[:, 1:]), rtol=1e-12)
@@ -477,7 +477,7 @@ def test_groups_orbits_are_closed_and_canonical_is_orbit_invariant(group, D, ord
 
 
 def test_swap_and_reflection_fundamental_domains():
-    """seed 004: A_swap(x1, x2) = [min, max] (after eq. 1.38); reflection about 0 maps to |x|."""
+    """Duvenaud 2014: A_swap(x1, x2) = [min, max] (after eq. 1.38); reflection about 0 maps to |x|."""
     X = np.array([[2.0, 1.0], [-1.0, 3.0], [0.5, 0.5]])
     np.testing.assert_array_equal(kern.SwapInputs().canonical(X), np.sort(X, axis=1))
     x = np.array([[-2.0], [0.0], [1.5]])
@@ -494,7 +494,7 @@ def test_image_symmetries_rotate_and_flip_images():
 # ------------------------------------------------------------------------------- invariant kernels
 @pytest.mark.parametrize("case", SYMMETRIC)
 def test_symmetrised_kernels_are_argumentwise_invariant(case):
-    """seed 004 eq. 1.34 / seed 000 eq. D.28: k(x, y) = k(g x, g' y) for every g, g'."""
+    """Duvenaud 2014, eq. 1.34 / van der Wilk et al. 2017, eq. D.28: k(x, y) = k(g x, g' y) for every g, g'."""
     f = o = facts(case)
     G = BY_ID[case][1].group.order
     np.testing.assert_allclose(o["K_gx_y"], np.broadcast_to(f["K_xy"], (G, N, M)), rtol=1e-9, atol=1e-14)
@@ -513,7 +513,7 @@ def _prior_samples(K, G, num_samples=4):
 
 @pytest.mark.parametrize("case", SYMMETRIC)
 def test_prior_samples_are_invariant(case):
-    """f(x) = f(g x) for every g (seed 004 eq. 1.31), for all three recipes of §1.7.1."""
+    """f(x) = f(g x) for every g (Duvenaud 2014, eq. 1.31), for all three recipes of §1.7.1."""
     o, G = facts(case), BY_ID[case][1].group.order
     f, scale = _prior_samples(o["K_orbit"], G)  # [G, M, S]
     assert np.abs(f).max() > 0.1 * scale  # the samples are not trivially zero
@@ -524,7 +524,7 @@ def test_prior_samples_are_invariant(case):
 
 
 def test_orbit_sum_is_the_double_sum_and_normalises(rng):
-    """seed 004 eq. 1.35 term by term; ``normalise`` divides by G²."""
+    """Duvenaud 2014, eq. 1.35 term by term; ``normalise`` divides by G²."""
     group, base = kern.CyclicShift(4), SE(lengthscale=np.array([1.0, 2.0, 0.5, 1.5]))
     X, Y = two_sets(_inputs(4), rng)
     ox, oy = group.orbit(X), group.orbit(Y)  # [4, N, 4], [4, M, 4]
@@ -534,7 +534,7 @@ def test_orbit_sum_is_the_double_sum_and_normalises(rng):
 
 
 def test_orbit_sum_doubles_the_variance_on_the_symmetry_axis():
-    """seed 004 §1.7.1: with G_swap the marginal variance is doubled near x1 = x2."""
+    """Duvenaud 2014, §1.7.1: with G_swap the marginal variance is doubled near x1 = x2."""
     k = kern.OrbitSum(SE(lengthscale=0.5), kern.SwapInputs())
     on_axis, off_axis = np.array([[0.3, 0.3]]), np.array([[-3.0, 3.0]])
     np.testing.assert_allclose(k.K_diag(on_axis), [4.0])
@@ -575,8 +575,8 @@ def test_orbit_kernel_diagonal_never_forms_the_n_by_n_matrix(recipe, rng):
 
 def test_combinators_validate_inputs_through_their_parts():
     """Sum, Product and Scaled ask every part; a conv part rejects images of the wrong size."""
-    from models.errors import ShapeError
-    from models.kernels.convolutional import Convolutional
+    from gpzoo.models.errors import ShapeError
+    from gpzoo.models.kernels.convolutional import Convolutional
 
     conv = Convolutional(kern.SquaredExponential(), (4, 4), (2, 2))
     good, bad = np.zeros((3, 16)), np.zeros((3, 15))

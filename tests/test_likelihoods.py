@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from scipy import integrate, special, stats
 
-from models.errors import DataError, HyperparameterError, InvalidArgumentError
-from models.likelihoods import Bernoulli, Gaussian, Likelihood, OneHotGaussian, Poisson, RobustMax, Softmax
-from models.likelihoods import _log_prob_is_max, _log_prob_is_max_all
-from models.parameters import Fixed
+from gpzoo.models.errors import DataError, HyperparameterError, InvalidArgumentError
+from gpzoo.models.likelihoods import Bernoulli, Gaussian, Likelihood, OneHotGaussian, Poisson, RobustMax, Softmax
+from gpzoo.models.likelihoods import _log_prob_is_max, _log_prob_is_max_all
+from gpzoo.models.parameters import Fixed
 
 Z = 5.0  # tolerance in standard errors; the RNG is seeded, so the tests are deterministic
 NUM_REF = 200_000  # reference Monte Carlo draws per datum
@@ -295,7 +295,7 @@ def test_robustmax_epsilon_is_fixed_by_default_and_trainable_when_a_number():
 
 
 def test_one_hot_gaussian_expectation_is_the_sum_of_per_class_gaussian_terms():
-    """E_q[log p(e_y|f)] = Σ_c Gaussian term with target 1[y = c] (seed 001 §5.2)."""
+    """E_q[log p(e_y|f)] = Σ_c Gaussian term with target 1[y = c] (van der Wilk et al. 2018, §5.2)."""
     lik = OneHotGaussian(num_classes=3, noise_variance=0.3)
     mean, var = jnp.asarray(CLASS_MEAN), jnp.asarray(CLASS_VAR)
     ve = lik.variational_expectation(jnp.asarray(CLASS_Y), mean, var)

@@ -1,6 +1,6 @@
 """Pólya–Gamma natural gradients for the logistic SVGP (inference.pg_natgrad, Wenzel et al. 2019).
 
-The maths stated as tests: the CAVI fixed point is the optimum of the PG bound (seed 001 eq. 23)
+The maths stated as tests: the CAVI fixed point is the optimum of the PG bound (van der Wilk et al. 2018, eq. 23)
 that Adam reaches on the same bound; CAVI never decreases the bound; minibatched natural
 gradients with Robbins–Monro steps reach the same optimum; the zoo model fits two-moons. The
 fit runs on the shared chunk runner (checkpoints, resume, NaN guard) and, with fixed
@@ -19,12 +19,12 @@ import optax
 import pytest
 from numpyro.distributions import biject_to, constraints
 
-from analysis import datasets
-from inference import evaluate_elbo, fit, predict
-from inference.checkpoint import load_checkpoint
-from inference.pg_natgrad import fit_pg_natgrad, natural_step, pg_bound, robbins_monro
-from models import zoo
-from models.errors import CheckpointError, DataError, InvalidArgumentError, TrainingError
+from gpzoo.analysis import datasets
+from gpzoo.inference import evaluate_elbo, fit, predict
+from gpzoo.inference.checkpoint import load_checkpoint
+from gpzoo.inference.pg_natgrad import fit_pg_natgrad, natural_step, pg_bound, robbins_monro
+from gpzoo.models import zoo
+from gpzoo.models.errors import CheckpointError, DataError, InvalidArgumentError, TrainingError
 
 
 @pytest.fixture(scope="module")
@@ -199,13 +199,13 @@ def test_nan_guard_stops_the_pg_path_at_the_first_bad_step(tmp_path, data):
 def test_fast_path_equals_natural_steps_on_recomputed_features(data, monkeypatch):
     """Features computed once (cached, all N; or per batch when M·N is over the cache limit) give the same fit
     as ``natural_step``, which recomputes Kuu, its Cholesky and Kuf at every step."""
-    import inference.pg_natgrad as pg
+    import gpzoo.inference.pg_natgrad as pg
 
     X, y = data
     spec = zoo.get("svgp-logistic-pg", input_dim=2, num_inducing=6, learn_hyperparameters=False, whiten=False)
     rho = robbins_monro()
     res = fit_pg_natgrad(spec, X, y, steps=12, batch_size=15, step_size=rho, seed=4, progress=False)
-    from inference.fit import _BatchSchedule
+    from gpzoo.inference.fit import _BatchSchedule
 
     params = {k: jnp.asarray(v) for k, v in res.params.items()}
     params["q_mu"], params["q_sqrt"] = jnp.zeros((1, 6)), res.family._init_unwhitened_sqrt()  # the prior

@@ -19,8 +19,8 @@ from numpyro.infer import SVI, TraceMeanField_ELBO
 from polyagamma import polyagamma_pdf, random_polyagamma
 from scipy import integrate, stats
 
-from inference.polya_gamma import PolyaGamma, optimal_c, pg_logistic_bound
-from models.errors import DataError, HyperparameterError, InvalidArgumentError
+from gpzoo.inference.polya_gamma import PolyaGamma, optimal_c, pg_logistic_bound
+from gpzoo.models.errors import DataError, HyperparameterError, InvalidArgumentError
 
 B_VALUES = (1.0, 2.0, 3.5)
 C_VALUES = (0.0, 0.5, 2.0, 10.0)
@@ -115,7 +115,7 @@ def test_log_prob_finite_and_decreasing_in_tails():
 def test_log_prob_large_x_continues_small_x_exactly():
     # The two representations agree where both are accurate (x ∈ [1.5, 2.5]): a switching glitch
     # would show up here, and in the gradient.
-    from inference.polya_gamma import _log_pdf_large_x, _log_pdf_small_x
+    from gpzoo.inference.polya_gamma import _log_pdf_large_x, _log_pdf_small_x
 
     x = jnp.linspace(1.5, 2.5, 11)
     b = jnp.asarray([0.5, 1.0, 3.5, 10.0])[:, None] * jnp.ones_like(x)  # [4, 11]
@@ -270,7 +270,7 @@ def test_trace_mean_field_elbo_uses_the_analytic_kl():
 
 
 # ----------------------------------------------------------------------------------------------
-# PG logistic bound (seed 001 eq. 22–23)
+# PG logistic bound (van der Wilk et al. 2018, eq. 22–23)
 # ----------------------------------------------------------------------------------------------
 
 

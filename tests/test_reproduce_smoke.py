@@ -18,8 +18,6 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def _load(name: str):
-    if str(BENCHMARKS) not in sys.path:  # reproduce_invariance imports its helpers from reproduce_conv
-        sys.path.insert(0, str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(f"_benchmark_{name}", BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

@@ -9,13 +9,13 @@ import pytest
 from numpyro.infer import TraceMeanField_ELBO
 from numpyro.distributions.kl import kl_divergence
 
-from inference import evaluate_elbo, fit, predict
-from inference.exact import collapsed_elbo, exact_log_marginal, exact_posterior, optimal_q
-from inference.guides import InducingPosterior, InducingPrior, _sqrt_dense
-from inference.inducing import InducingPoints
-from inference.linalg import cholesky_with_jitter
-from models import kernels, likelihoods, zoo
-from models.kernels import Fixed
+from gpzoo.inference import evaluate_elbo, fit, predict
+from gpzoo.inference.exact import collapsed_elbo, exact_log_marginal, exact_posterior, optimal_q
+from gpzoo.inference.guides import InducingPosterior, InducingPrior, _sqrt_dense
+from gpzoo.inference.inducing import InducingPoints
+from gpzoo.inference.linalg import cholesky_with_jitter
+from gpzoo.models import kernels, likelihoods, zoo
+from gpzoo.models.kernels import Fixed
 
 NOISE = 0.05
 JITTER = 1e-10

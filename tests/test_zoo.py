@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from models import zoo
-from models.errors import InvalidArgumentError
+from gpzoo.models import zoo
+from gpzoo.models.errors import InvalidArgumentError
 
 COMMON = {f.name for f in dataclasses.fields(zoo.Common)}
 
@@ -27,7 +27,7 @@ def test_family_defaults_apply_where_the_caller_is_silent():
 
 
 def test_common_spec_fills_the_task_likelihood_and_lets_fields_override():
-    from models import kernels, likelihoods
+    from gpzoo.models import kernels, likelihoods
 
     common = zoo.Common(task="binary", num_inducing=7, q_structure="diag")
     spec = common.spec("m", kernels.SquaredExponential(), q_structure="full", method="x")
@@ -53,7 +53,7 @@ def test_unknown_model_lists_the_valid_names():
 def test_invariant_models_pass_the_pg_tilt_choice_to_the_family():
     import numpy as np
 
-    from inference import fit
+    from gpzoo.inference import fit
 
     rect = dict(input_dim=16, image_shape=(4, 4), num_inducing=4, num_orbit_samples=2)
     spec = zoo.get("invariant-rot", task="binary", pg_c="recognition", pg_recognition_hidden=(8,), **rect)

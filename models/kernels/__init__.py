@@ -1,7 +1,7 @@
 """Kernel algebra and structured kernels. Every kernel is an immutable JAX pytree."""
 
-from models.kernels.base import Fixed, Kernel, Product, Scaled, Sum, hyper, kernel_class, static, sum_kernels
-from models.kernels.convolutional import (
+from gpzoo.models.kernels.base import Fixed, Kernel, Product, Scaled, Sum, hyper, kernel_class, static, sum_kernels
+from gpzoo.models.kernels.convolutional import (
     AdditiveColourConvolutional,
     ConvolutionProducts,
     Convolutional,
@@ -11,8 +11,8 @@ from models.kernels.convolutional import (
     MultiChannelConvolutional,
     WeightedConvolutional,
 )
-from models.kernels.combinators import Categorical, ChangePoint, ChangeWindow, Coregionalization, FunctionScaled
-from models.kernels.invariant import (
+from gpzoo.models.kernels.combinators import Categorical, ChangePoint, ChangeWindow, Coregionalization, FunctionScaled
+from gpzoo.models.kernels.invariant import (
     AffineAugmentation,
     FiniteOrbit,
     InterpretableAffineAugmentation,
@@ -21,8 +21,8 @@ from models.kernels.invariant import (
     Orbit,
     RotationAugmentation,
 )
-from models.kernels.dot_product import Constant, Linear, Polynomial, White
-from models.kernels.stationary import (
+from gpzoo.models.kernels.dot_product import Constant, Linear, Polynomial, White
+from gpzoo.models.kernels.stationary import (
     RBF,
     Cosine,
     Matern12,
@@ -34,7 +34,7 @@ from models.kernels.stationary import (
     Stationary,
     scaled_sqdist,
 )
-from models.kernels.symmetry import (
+from gpzoo.models.kernels.symmetry import (
     CyclicShift,
     FiniteGroup,
     ImageSymmetries,

@@ -1,8 +1,8 @@
-"""Kernel base class, hyperparameter declaration and the kernel algebra (seed 004 §1.3–1.4).
+"""Kernel base class, hyperparameter declaration and the kernel algebra (Duvenaud 2014, §1.3–1.4).
 
 A kernel is an immutable pytree (a frozen dataclass registered with JAX) whose hyperparameters
-are declared with :func:`models.parameters.hyper` and become NumPyro sites through
-:meth:`Kernel.realise` (see :mod:`models.parameters`).
+are declared with :func:`gpzoo.models.parameters.hyper` and become NumPyro sites through
+:meth:`Kernel.realise` (see :mod:`gpzoo.models.parameters`).
 
 ``k1 + k2`` and ``k1 * k2`` build :class:`Sum` / :class:`Product`; ``c * k`` with a number ``c``
 scales by a fixed constant, ``k.scaled(v)`` by a trainable variance.
@@ -17,8 +17,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from models.errors import HyperparameterError
-from models.parameters import Fixed, Parameterised, hyper, pytree_dataclass, static
+from gpzoo.models.errors import HyperparameterError
+from gpzoo.models.parameters import Fixed, Parameterised, hyper, pytree_dataclass, static
 
 kernel_class = pytree_dataclass
 
@@ -38,7 +38,7 @@ __all__ = [
 class Kernel(Parameterised):
     """Base class. Subclasses implement ``_K(X, Y)`` and ``_K_diag(X)`` on active columns.
 
-    ``active_dims`` (keyword, static) selects input columns, as in seed 004 §1.4 (additive
+    ``active_dims`` (keyword, static) selects input columns, as in Duvenaud 2014, §1.4 (additive
     kernels over subsets of inputs). Structured kernels on images override ``K``/``K_diag``.
     """
 
@@ -121,7 +121,7 @@ def _flatten(kernel: Kernel, cls) -> tuple[Kernel, ...]:
 
 @kernel_class
 class Sum(Kernel):
-    """``k(x, y) = Σ_i k_i(x, y)`` (seed 004 eq. 1.9): superposition of independent functions."""
+    """``k(x, y) = Σ_i k_i(x, y)`` (Duvenaud 2014, eq. 1.9): superposition of independent functions."""
 
     kernels: tuple[Kernel, ...]
 
@@ -140,7 +140,7 @@ class Sum(Kernel):
 
 @kernel_class
 class Product(Kernel):
-    """``k(x, y) = Π_i k_i(x, y)`` (seed 004 eq. 1.10): an AND of the factors' similarities."""
+    """``k(x, y) = Π_i k_i(x, y)`` (Duvenaud 2014, eq. 1.10): an AND of the factors' similarities."""
 
     kernels: tuple[Kernel, ...]
 

@@ -1,10 +1,10 @@
-"""Kernels built from other kernels and known functions (seed 004 §1.5, §1.9, §1.10).
+"""Kernels built from other kernels and known functions (Duvenaud 2014, §1.5, §1.9, §1.10).
 
 * ``ChangePoint`` / ``ChangeWindow``: sigmoid-weighted switches between two kernels
-  (seed 004 eq. 1.19–1.20 and the change-window paragraph after it).
-* ``FunctionScaled``: multiplication by a known function, a(x) k(x, y) a(y) (seed 004 eq. 1.21).
-* ``Categorical``: SE-ARD on the one-of-k encoding of an integer-coded column (seed 004 eq. 1.51).
-* ``Coregionalization``: multi-output kernel k(x, y) · B[i, i'] (seed 004 eq. 1.52).
+  (Duvenaud 2014, eq. 1.19–1.20 and the change-window paragraph after it).
+* ``FunctionScaled``: multiplication by a known function, a(x) k(x, y) a(y) (Duvenaud 2014, eq. 1.21).
+* ``Categorical``: SE-ARD on the one-of-k encoding of an integer-coded column (Duvenaud 2014, eq. 1.51).
+* ``Coregionalization``: multi-output kernel k(x, y) · B[i, i'] (Duvenaud 2014, eq. 1.52).
 
 All of them are "multiply by a(x) a(y), then add" constructions, so they stay positive
 semi-definite whatever their hyperparameters.
@@ -20,9 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.distributions import constraints
 
-from models.errors import DataError, HyperparameterError, ShapeError, is_concrete
-from models.kernels.base import Kernel, hyper, kernel_class, static
-from models.kernels.stationary import scaled_sqdist
+from gpzoo.models.errors import DataError, HyperparameterError, ShapeError, is_concrete
+from gpzoo.models.kernels.base import Kernel, hyper, kernel_class, static
+from gpzoo.models.kernels.stationary import scaled_sqdist
 
 __all__ = ["Categorical", "ChangePoint", "ChangeWindow", "Coregionalization", "FunctionScaled"]
 
@@ -38,7 +38,7 @@ def _check_column(X, column: int, argument: str) -> None:
 
 
 def _switch(k_on: Kernel, k_off: Kernel, w_x, w_y, X, Y):
-    """w(x) k_on(x, y) w(y) + (1 − w(x)) k_off(x, y) (1 − w(y)) (seed 004 eq. 1.19), ``[N, M]``."""
+    """w(x) k_on(x, y) w(y) + (1 − w(x)) k_off(x, y) (1 − w(y)) (Duvenaud 2014, eq. 1.19), ``[N, M]``."""
     on = w_x[:, None] * k_on.K(X, Y) * w_y[None, :]  # [N, M]
     off = (1.0 - w_x)[:, None] * k_off.K(X, Y) * (1.0 - w_y)[None, :]  # [N, M]
     return on + off
@@ -50,7 +50,7 @@ def _switch_diag(k_on: Kernel, k_off: Kernel, w_x, X):
 
 @kernel_class
 class ChangePoint(Kernel):
-    """CP(k_before, k_after) = σ̄ k_before σ̄' + σ k_after σ' (seed 004 eq. 1.19–1.20).
+    """CP(k_before, k_after) = σ̄ k_before σ̄' + σ k_after σ' (Duvenaud 2014, eq. 1.19–1.20).
 
     σ(x) = sigmoid(steepness · (x[dim] − location)) rises from 0 to 1 across the change, so
     ``before`` governs x[dim] ≪ location and ``after`` governs x[dim] ≫ location (eq. 1.19 with
@@ -82,7 +82,7 @@ class ChangePoint(Kernel):
 
 @kernel_class
 class ChangeWindow(Kernel):
-    """Change-window: ``inside`` within an interval of x[dim], ``outside`` elsewhere (seed 004 §1.5).
+    """Change-window: ``inside`` within an interval of x[dim], ``outside`` elsewhere (Duvenaud 2014, §1.5).
 
     As eq. 1.19 with σ(x) replaced by a product of a rising and a falling sigmoid,
     w(x) = sigmoid(s (x − location + width/2)) · sigmoid(−s (x − location − width/2)), where s is
@@ -118,7 +118,7 @@ class ChangeWindow(Kernel):
 
 @kernel_class
 class FunctionScaled(Kernel):
-    """a(x) k(x, y) a(y): the prior of f = a · g, g ~ GP(0, k), for a known a (seed 004 eq. 1.21).
+    """a(x) k(x, y) a(y): the prior of f = a · g, g ~ GP(0, k), for a known a (Duvenaud 2014, eq. 1.21).
 
     ``function`` maps inputs ``[N, D]`` (after ``active_dims``) to ``[N]``; it must be a pure JAX
     function. It is a static field, so it is part of the kernel's identity under ``jax.jit``.
@@ -165,7 +165,7 @@ def _integer_codes(x, num_values: int, argument: str):
 
 @kernel_class
 class Categorical(Kernel):
-    """SE-ARD on one-of-k codes of a single integer-coded column (seed 004 eq. 1.51).
+    """SE-ARD on one-of-k codes of a single integer-coded column (Duvenaud 2014, eq. 1.51).
 
     k(i, j) = σ² for i = j and σ² exp(−(1/ℓ_i² + 1/ℓ_j²)/2) otherwise; a short lengthscale
     ℓ_i makes category i uncorrelated with the others. Select the column with ``active_dims``.
@@ -208,7 +208,7 @@ class Categorical(Kernel):
 
 @kernel_class
 class Coregionalization(Kernel):
-    """Multi-output kernel k(x, i, y, i') = k_x(x, y) · B[i, i'] (seed 004 eq. 1.52, Bonilla et al.).
+    """Multi-output kernel k(x, i, y, i') = k_x(x, y) · B[i, i'] (Duvenaud 2014, eq. 1.52, Bonilla et al.).
 
     The column ``output_column`` (after ``active_dims``; default the last) holds the output
     index i ∈ {0..P−1}; ``base_kernel`` sees the remaining columns. B = W Wᵀ + diag(κ) with

@@ -1,10 +1,10 @@
-"""Convolutional kernels on images, for inter-domain inducing patches (seed 000 §3, App. A–C).
+"""Convolutional kernels on images, for inter-domain inducing patches (van der Wilk et al. 2017, §3, App. A–C).
 
-A patch-response function g ~ GP(0, k_g) on patches induces a GP on images (seed 000 eq. 13–14)::
+A patch-response function g ~ GP(0, k_g) on patches induces a GP on images (van der Wilk et al. 2017, eq. 13–14)::
 
     f(x) = Σ_s Σ_p w_sp g_s(x^[sp])
 
-with P patches per *stream* s. Streams are how colour channels meet patches (seed 000 §3.4):
+with P patches per *stream* s. Streams are how colour channels meet patches (van der Wilk et al. 2017, §3.4):
 
 ========================================  =========================  =====================
 kernel                                    streams, patch space       g
@@ -23,13 +23,13 @@ Conventions, each in one place:
   over the (H−h+1)×(W−w+1) grid, patch elements (dy, dx, c) in row-major order — the same order
   as the rows of the inducing patches Z ``[M, E]`` (:func:`extract_patches`);
 * normalisation: ``normalisation="mean"`` divides the patch weights by the number of terms in the
-  sum defining f (GPflow's convention: Kuf / P, Kff / P²), ``"sum"`` is seed 000 eq. 13 as written.
+  sum defining f (GPflow's convention: Kuf / P, Kff / P²), ``"sum"`` is van der Wilk et al. 2017, eq. 13 as written.
   Both are the same model up to the base kernel's variance; only
   :meth:`ConvolutionalKernel._patch_weights` applies it;
 * how patch inner products x^[p]·z are computed is an injected strategy
-  (:class:`ConvolutionProducts` or :class:`MatmulProducts`, seed 000 App. A.2).
+  (:class:`ConvolutionProducts` or :class:`MatmulProducts`, van der Wilk et al. 2017, App. A.2).
 
-Hot paths. Kuf for a stationary base kernel uses ‖x_p‖² − 2 x_p·z + ‖z‖² (seed 000 eq. A.5)
+Hot paths. Kuf for a stationary base kernel uses ‖x_p‖² − 2 x_p·z + ‖z‖² (van der Wilk et al. 2017, eq. A.5)
 (never an ``[N, P, M, E]`` broadcast). For the SE base kernel it is :func:`se_patch_cross_sum`,
 a ``jax.custom_vjp``: matmul, exp and the weighted sum over patches in one fusion forward, and
 one chunked pass over K = exp(−½r²) for all gradients backward (no ``[N, P, M]`` array either
@@ -59,9 +59,9 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.distributions import constraints
 
-from models.errors import InvalidArgumentError, ShapeError, as_float_array, is_concrete
-from models.kernels.base import Fixed, Kernel, Sum, hyper, kernel_class, static
-from models.kernels.stationary import SquaredExponential, Stationary
+from gpzoo.models.errors import InvalidArgumentError, ShapeError, as_float_array, is_concrete
+from gpzoo.models.kernels.base import Fixed, Kernel, Sum, hyper, kernel_class, static
+from gpzoo.models.kernels.stationary import SquaredExponential, Stationary
 
 __all__ = [
     "AdditiveColourConvolutional",
@@ -118,7 +118,7 @@ def extract_patches(images, patch_shape):
 # ----------------------------------------------------------------------------- inner-product strategies
 @dataclasses.dataclass(frozen=True)
 class ConvolutionProducts:
-    """x^[p]·z for every patch p and filter z as one convolution (seed 000 App. A.2, fig. A.1).
+    """x^[p]·z for every patch p and filter z as one convolution (van der Wilk et al. 2017, App. A.2, fig. A.1).
 
     The filters are the (scaled) inducing patches; ``lax.conv_general_dilated`` with stride 1
     and VALID padding is the cross-correlation Σ_e x^[p]_e z_e.
@@ -148,7 +148,7 @@ PATCH_PRODUCTS = {"conv": ConvolutionProducts(), "matmul": MatmulProducts()}
 
 
 def patch_sqdist(images, filters, lengthscale, products=ConvolutionProducts()):
-    """Scaled squared distances ‖(x^[p] − z_f)/ℓ‖² ``[B, P, F]`` by seed 000 eq. A.5.
+    """Scaled squared distances ‖(x^[p] − z_f)/ℓ‖² ``[B, P, F]`` by van der Wilk et al. 2017, eq. A.5.
 
     images ``[B, H, W, C]``, filters ``[F, h, w, C]``; ``lengthscale`` is a scalar or one value
     per patch element (ARD over the h·w·C positions). Both ‖x^[p]/ℓ‖² (the squared image
@@ -184,7 +184,7 @@ class _CrossNeeds:
 
 
 def _augmented(patches, Z, inv_l2):
-    """Rows whose products are −½‖(x − z)/ℓ‖² (seed 000 eq. A.5 as one matmul):
+    """Rows whose products are −½‖(x − z)/ℓ‖² (van der Wilk et al. 2017, eq. A.5 as one matmul):
     [x, −½‖x‖²_a, 1] ``[R, P, E+2]`` and [a∘z, 1, −½‖z‖²_a] ``[M, E+2]``, a = 1/ℓ² ``[E]``."""
     half_x = -0.5 * jnp.sum(patches**2 * inv_l2, axis=-1, keepdims=True)  # [R, P, 1]
     half_z = -0.5 * jnp.sum(Z**2 * inv_l2, axis=-1, keepdims=True)  # [M, 1]
@@ -293,9 +293,9 @@ def se_patch_cross_sum(patches, Z, weights, chunk_rows: int | None = None, *, le
     """Σ_p w_p exp(−½‖(x_rp − z_m)/ℓ‖²) per row and inducing patch: patches ``[R, P, E]``, Z ``[M, E]``,
     weights ``[P]`` -> ``[R, M]``.
 
-    Kuf of a convolutional kernel with an SE base kernel (seed 000 eq. 15, 19; the variance
+    Kuf of a convolutional kernel with an SE base kernel (van der Wilk et al. 2017, eq. 15, 19; the variance
     applied by the caller); ``lengthscale`` is a scalar or ``[E]`` (default 1). A
-    ``jax.custom_vjp``: the forward pass is one fused matmul–exp–sum (seed 000 eq. A.5, never an
+    ``jax.custom_vjp``: the forward pass is one fused matmul–exp–sum (van der Wilk et al. 2017, eq. A.5, never an
     ``[R, P, M]`` array); the backward pass recomputes K in chunks of ``chunk_rows`` rows (default:
     about :data:`KUF_CHUNK_ELEMENTS` elements) and reads each chunk once for all gradients that are
     needed (symbolic zeros: data patches that are not differentiated cost nothing). First-order
@@ -603,7 +603,7 @@ _se_gram.defvjp(_se_gram_fwd, _se_gram_bwd, symbolic_zeros=True)
 def se_patch_gram_sum(U, weights, block_size: int | None = None, *, lengthscale=None, distinct: bool = False):
     """Σ_pq w_p w_q exp(−½‖u_p − u_q‖²) per row, u = U / ``lengthscale``: U ``[R, P, E]``, weights ``[R, P]`` -> ``[R]``.
 
-    The Kff diagonal of a convolutional kernel with an SE base kernel (seed 000 eq. 18, the
+    The Kff diagonal of a convolutional kernel with an SE base kernel (van der Wilk et al. 2017, eq. 18, the
     variance applied by the caller); ``lengthscale`` is a scalar or ``[E]`` (default 1). A
     ``jax.custom_vjp`` whose forward pass computes value and the gradients that are needed in one
     symmetric sweep (:func:`_se_band_sweep`): about R·P²/2 exps, each evaluated once, never an
@@ -700,8 +700,8 @@ class ConvolutionalKernel(Kernel):
 
     Subclasses say how images split into streams, what the inducing patches are per stream, and
     the patch weights; everything else (Kuu, Kuf, Kff diagonal, K, input checks) is shared.
-    ``Kzz`` / ``Kzx`` are the inter-domain covariances that :mod:`inference.inducing` registers
-    for :class:`~inference.inducing.InducingPatches` (seed 000 eq. 15–16, 19, 23).
+    ``Kzz`` / ``Kzx`` are the inter-domain covariances that :mod:`gpzoo.inference.inducing` registers
+    for :class:`~gpzoo.inference.inducing.InducingPatches` (van der Wilk et al. 2017, eq. 15–16, 19, 23).
 
     Options: ``products`` ("matmul" — the default, 1.3–1.7× faster than "conv" for Kuf on the
     benchmark CPU, see benchmarks/conv_kernels.py — "conv", or any strategy object with
@@ -777,7 +777,7 @@ class ConvolutionalKernel(Kernel):
 
     @property
     def num_patches(self) -> int:
-        """P, patches per stream (seed 000 §3: (W − w + 1)(H − h + 1))."""
+        """P, patches per stream (van der Wilk et al. 2017, §3: (W − w + 1)(H − h + 1))."""
         H, W, _ = image_dims(self.image_shape)
         return (H - self.patch_shape[0] + 1) * (W - self.patch_shape[1] + 1)
 
@@ -802,7 +802,7 @@ class ConvolutionalKernel(Kernel):
 
     @property
     def num_output_groups(self) -> int:
-        """G: inducing-output groups per inducing patch (C for multi-channel, seed 000 App. C.1)."""
+        """G: inducing-output groups per inducing patch (C for multi-channel, van der Wilk et al. 2017, App. C.1)."""
         return 1
 
     @property
@@ -844,14 +844,14 @@ class ConvolutionalKernel(Kernel):
 
     # ------------------------------------------------------------------ inter-domain covariances
     def Kzz(self, Z):
-        """Kuu ``[G, M, M]`` between inducing patches ``Z`` ``[M, E]``: k_g(Z, Z) (seed 000 eq. 16).
+        """Kuu ``[G, M, M]`` between inducing patches ``Z`` ``[M, E]``: k_g(Z, Z) (van der Wilk et al. 2017, eq. 16).
 
         Additive colour: Σ_c v_c k(Z_c, Z_c) (eq. 25); multi-channel: one block per g_c (eq. C.21).
         """
         return _evaluate(self.resolved(), "_kzz", jnp.asarray(Z))  # [G, M, M]
 
     def Kzx(self, Z, X):
-        """Kuf ``[G, M, N]``: Σ_p w_sp k_g(x^[sp], z) summed over streams (seed 000 eq. 15, 19, 23)."""
+        """Kuf ``[G, M, N]``: Σ_p w_sp k_g(x^[sp], z) summed over streams (van der Wilk et al. 2017, eq. 15, 19, 23)."""
         return _evaluate(self.resolved(), "_kzx", jnp.asarray(Z), jnp.asarray(X))  # [G, M, N]
 
     def _kzz(self, Z):
@@ -922,14 +922,14 @@ class ConvolutionalKernel(Kernel):
 
     # ------------------------------------------------------------------ Kff
     def _K_diag(self, X):
-        """diag Kff ``[N]``: Σ_pq w_p w_q k_g(x^[p], x^[q]) (seed 000 eq. 14, 18), the hot path."""
+        """diag Kff ``[N]``: Σ_pq w_p w_q k_g(x^[p], x^[q]) (van der Wilk et al. 2017, eq. 14, 18), the hot path."""
         return jnp.sum(self.group_K_diag(X), axis=0)  # [N]
 
     def group_K_diag(self, X):
         """Prior variance of each inducing-output group's part of f, ``[G, N]`` (sums to K_diag).
 
         One group except for the multi-channel kernel, whose groups are the channel functions
-        Σ_p w_pc g_c(x^[pc]) of seed 000 eq. 22.
+        Σ_p w_pc g_c(x^[pc]) of van der Wilk et al. 2017, eq. 22.
         """
         return _evaluate(self.resolved(), "_group_k_diag", jnp.asarray(X))  # [G, N]
 
@@ -951,7 +951,7 @@ class ConvolutionalKernel(Kernel):
         return patch_gram_sum(base, rows, row_weights, self.kff_method, self.kff_block)[None]  # [1, N]
 
     def _K(self, X, Y):
-        """Full Kff ``[N, N']`` (seed 000 eq. 14): one image of X at a time (``lax.map``), for
+        """Full Kff ``[N, N']`` (van der Wilk et al. 2017, eq. 14): one image of X at a time (``lax.map``), for
         exact GPs, tests and plots; training needs only the diagonal."""
         return _evaluate(self, "_k_full", X, Y)  # [N, N']
 
@@ -1006,7 +1006,7 @@ def _grid_patches(image_shape, patch_shape) -> int:
 
 @kernel_class
 class Convolutional(ConvolutionalKernel):
-    """Translation-invariant convolutional kernel f(x) = Σ_p g(x^[p]) (seed 000 eq. 13–16).
+    """Translation-invariant convolutional kernel f(x) = Σ_p g(x^[p]) (van der Wilk et al. 2017, eq. 13–16).
 
     ``channels="patch"`` (default): g acts on h×w×C colour patches (the colour-patch variant of
     §3.4; the plain kernel for grey images). ``channels="separate"``: each channel's h×w patches
@@ -1030,7 +1030,7 @@ class Convolutional(ConvolutionalKernel):
 
 @kernel_class
 class WeightedConvolutional(Convolutional):
-    """Weighted convolutional kernel f(x) = Σ_p w_p g(x^[p]) (seed 000 eq. 17–19).
+    """Weighted convolutional kernel f(x) = Σ_p w_p g(x^[p]) (van der Wilk et al. 2017, eq. 17–19).
 
     ``weights`` ``[P]`` (``[C·P]`` with ``channels="separate"``, channel-major) are kernel
     hyperparameters, learned with the ELBO; :meth:`create` starts them at 1 (plain conv).
@@ -1055,7 +1055,7 @@ class WeightedConvolutional(Convolutional):
 
 @kernel_class
 class AdditiveColourConvolutional(ConvolutionalKernel):
-    """Additive colour kernel (seed 000 eq. 24–25): f(x) = Σ_p w_p g̃(x^[p]) on colour patches with
+    """Additive colour kernel (van der Wilk et al. 2017, eq. 24–25): f(x) = Σ_p w_p g̃(x^[p]) on colour patches with
     g̃ ~ GP(0, Σ_c v_c k_g(z_c, z'_c)), i.e. independent g_c per channel with weights w_p √v_c.
 
     Inducing patches are h×w×C colour patches (u = g̃(Z)); the base kernel is shared by the
@@ -1105,7 +1105,7 @@ class AdditiveColourConvolutional(ConvolutionalKernel):
 
 @kernel_class
 class MultiChannelConvolutional(ConvolutionalKernel):
-    """Multi-channel kernel f(x) = Σ_p Σ_c w_pc g_c(x^[pc]) with independent g_c (seed 000 eq. 22–23).
+    """Multi-channel kernel f(x) = Σ_p Σ_c w_pc g_c(x^[pc]) with independent g_c (van der Wilk et al. 2017, eq. 22–23).
 
     All g_c share the inducing patches Z ``[M, h·w]`` but have their own inducing outputs: C·M
     in all, Kuu is C identical blocks ``[C, M, M]`` and Kuf is ``[C, M, N]`` (App. C.1–C.2); the
@@ -1140,7 +1140,7 @@ class MultiChannelConvolutional(ConvolutionalKernel):
 
 @kernel_class
 class ImageSum(Sum):
-    """A :class:`Sum` of kernels on images (e.g. conv + RBF, seed 000 §3.3) that validates its
+    """A :class:`Sum` of kernels on images (e.g. conv + RBF, van der Wilk et al. 2017, §3.3) that validates its
     inputs through the summands that can (``fit`` calls ``kernel.validate_inputs``)."""
 
     def validate_inputs(self, X) -> None:

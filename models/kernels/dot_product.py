@@ -1,4 +1,4 @@
-"""Non-stationary dot-product kernels and the two trivial ones (seed 004 §1.2–1.4).
+"""Non-stationary dot-product kernels and the two trivial ones (Duvenaud 2014, §1.2–1.4).
 
 ``Linear`` and ``Polynomial`` are inner products of (shifted) inputs, computed as one matmul;
 ``Constant`` and ``White`` are the bias and white-noise components of additive models.
@@ -13,15 +13,15 @@ import jax
 import jax.numpy as jnp
 from numpyro.distributions import constraints
 
-from models.errors import HyperparameterError
-from models.kernels.base import Kernel, hyper, kernel_class, static
+from gpzoo.models.errors import HyperparameterError
+from gpzoo.models.kernels.base import Kernel, hyper, kernel_class, static
 
 __all__ = ["Constant", "Linear", "Polynomial", "White"]
 
 
 @kernel_class
 class Linear(Kernel):
-    """Lin: Σ_d σ_d² (x_d − c_d)(y_d − c_d) (seed 004 Fig. 1.1, §1.3.2).
+    """Lin: Σ_d σ_d² (x_d − c_d)(y_d − c_d) (Duvenaud 2014, Fig. 1.1, §1.3.2).
 
     The marginal standard deviation grows linearly away from ``offset`` c (unconstrained, may be
     per dimension). The seed's bias term σ_b² is ``Constant``: write ``Linear() + Constant()``.
@@ -42,7 +42,7 @@ class Linear(Kernel):
 
 @kernel_class
 class Polynomial(Kernel):
-    """(Σ_d σ_d² x_d y_d + c)^degree: a product of ``degree`` linear kernels (seed 004 §1.3.2,
+    """(Σ_d σ_d² x_d y_d + c)^degree: a product of ``degree`` linear kernels (Duvenaud 2014, §1.3.2,
     "Polynomial Regression"), i.e. a prior on polynomials of that degree.
 
     ``degree`` is a static positive integer; ``offset`` c > 0 keeps all lower-order terms.
@@ -66,7 +66,7 @@ class Polynomial(Kernel):
 
 @kernel_class
 class Constant(Kernel):
-    """σ² for every pair of inputs: a random constant offset (the bias σ_b² of seed 004 Fig. 1.1 Lin)."""
+    """σ² for every pair of inputs: a random constant offset (the bias σ_b² of Duvenaud 2014, Fig. 1.1 Lin)."""
 
     variance: Any = hyper(1.0)
 
@@ -88,7 +88,7 @@ def _rows_equal(X, Y):
 
 @kernel_class
 class White(Kernel):
-    """WN: σ² δ(x, y), the zero-lengthscale limit of SE (seed 004 §1.4.1).
+    """WN: σ² δ(x, y), the zero-lengthscale limit of SE (Duvenaud 2014, §1.4.1).
 
     δ is exact equality of the (active) input coordinates, so ``K(X) = σ² I`` for distinct rows
     and the kernel is the same function whether it is evaluated alone or inside a sum. Observation

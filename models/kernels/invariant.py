@@ -1,12 +1,12 @@
-"""Invariant kernels built from orbits and augmentation distributions (seed 001 §4, App. B; seed 000 App. D).
+"""Invariant kernels built from orbits and augmentation distributions (van der Wilk et al. 2018, §4, App. B; van der Wilk et al. 2017, App. D).
 
-f(x) = Σ_{x_a ∈ A(x)} g(x_a) with g ~ GP(0, k_g) has the double-sum kernel (seed 001 eq. 7)
+f(x) = Σ_{x_a ∈ A(x)} g(x_a) with g ~ GP(0, k_g) has the double-sum kernel (van der Wilk et al. 2018, eq. 7)
 k_f(x, x') = Σ_a Σ_a' k_g(x_a, x'_a); an augmentation density p(x_a|x) gives the double
 integral k_f(x, x') = ∬ p(x_a|x) p(x'_a|x') k_g(x_a, x'_a) (eq. 8). :class:`InvariantKernel`
 takes the base kernel k_g and an *orbit object* (injected, STYLE.md) that says how A(x) or
 p(x_a|x) is sampled and how the samples are weighted:
 
-* :class:`FiniteOrbit` — a finite group from :mod:`models.kernels.symmetry`; the whole orbit
+* :class:`FiniteOrbit` — a finite group from :mod:`gpzoo.models.kernels.symmetry`; the whole orbit
   (exact, eq. 7), a subset drawn without replacement (App. B.1, eq. 8/12), or uniform draws
   with replacement (the normalised double integral over the orbit, eq. 21);
 * :class:`RotationAugmentation`, :class:`AffineAugmentation` (6 free parameters),
@@ -15,7 +15,7 @@ p(x_a|x) is sampled and how the samples are weighted:
   range parameters are trained by reparameterisation through bilinear interpolation (§5).
 
 Every orbit object draws ``num_samples`` transformations per call and applies the *same* ones
-to every row of the minibatch (as seed 001's implementation does): the estimators stay unbiased
+to every row of the minibatch (as van der Wilk et al. 2018's implementation does): the estimators stay unbiased
 per datum, and the samples of different data are simply correlated.
 
 Unbiased estimators (weights of :meth:`Orbit.pair_weights` / :meth:`Orbit.single_weight`), with
@@ -41,10 +41,10 @@ import numpy as np
 from jax.scipy.ndimage import map_coordinates
 from numpyro.distributions import constraints
 
-from models.errors import HyperparameterError, InvalidArgumentError, ShapeError, as_int_pair
-from models.kernels.base import Kernel, hyper, kernel_class, static
-from models.kernels.symmetry import FiniteGroup, PermutationGroup
-from models.parameters import Parameterised, pytree_dataclass
+from gpzoo.models.errors import HyperparameterError, InvalidArgumentError, ShapeError, as_int_pair
+from gpzoo.models.kernels.base import Kernel, hyper, kernel_class, static
+from gpzoo.models.kernels.symmetry import FiniteGroup, PermutationGroup
+from gpzoo.models.parameters import Parameterised, pytree_dataclass
 
 __all__ = [
     "AffineAugmentation",
@@ -62,7 +62,7 @@ __all__ = [
 
 # ===================================================================================== estimators
 def pair_sum(values, w_off: float, w_diag: float):
-    """Σ_{s,s'} w_{ss'} ⟨v_s, v_s'⟩ for ``values`` ``[S, N, K]`` -> ``[N]`` (seed 001 App. B eq. 12, 15).
+    """Σ_{s,s'} w_{ss'} ⟨v_s, v_s'⟩ for ``values`` ``[S, N, K]`` -> ``[N]`` (van der Wilk et al. 2018, App. B eq. 12, 15).
 
     w_{ss'} = w_off off the diagonal and w_diag on it. O(S·K) per datum: the double sum of an
     inner product factorises (App. B.2.1): Σ_{s≠s'} ⟨v_s, v_s'⟩ = ‖Σ_s v_s‖² − Σ_s ‖v_s‖².
@@ -92,7 +92,7 @@ class Orbit(Parameterised):
         raise NotImplementedError
 
     def single_weight(self) -> float:  # pragma: no cover - abstract
-        """w_single of the single-sum / single-integral estimator of k_fu (seed 001 eq. 17)."""
+        """w_single of the single-sum / single-integral estimator of k_fu (van der Wilk et al. 2018, eq. 17)."""
         raise NotImplementedError
 
     def sample(self, X, key):  # pragma: no cover - abstract
@@ -105,7 +105,7 @@ class Orbit(Parameterised):
 
 @pytree_dataclass
 class FiniteOrbit(Orbit):
-    """The orbit of a finite group G (seed 001 eq. 6–7; seed 000 eq. D.29–D.31).
+    """The orbit of a finite group G (van der Wilk et al. 2018, eq. 6–7; van der Wilk et al. 2017, eq. D.29–D.31).
 
     ``num_samples=None`` (or ≥ |G| without replacement): the whole orbit, exact double sum.
     ``num_samples=S < |G|``: S distinct elements drawn without replacement, App. B.1 estimator
@@ -195,7 +195,7 @@ def warp_images(X, source, image_shape):
     ``X`` ``[N, H*W]`` (grey images, flattened row-major), ``source`` ``[S, 2, H, W]`` Cartesian
     (right, up) coordinates about the centre; returns ``[S, N, H*W]``. Zero outside the image.
     ``jax.scipy.ndimage.map_coordinates`` with ``order=1`` is differentiable in the coordinates,
-    so gradients reach the transformation parameters (reparameterisation, seed 001 §5).
+    so gradients reach the transformation parameters (reparameterisation, van der Wilk et al. 2018, §5).
     """
     images = X.reshape((-1,) + tuple(image_shape))  # [N, H, W]
     coords = _to_pixel_coordinates(source, image_shape)  # [S, 2, H, W]
@@ -231,7 +231,7 @@ def _check_image_shape(image_shape) -> tuple[int, int]:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ImageAugmentation(Orbit):
-    """A distribution p(x_a|x) of transformed images (double integral, seed 001 eq. 8).
+    """A distribution p(x_a|x) of transformed images (double integral, van der Wilk et al. 2018, eq. 8).
 
     Subclasses give ``source_grid(key, dtype)`` ``[S, 2, H, W]``: where each output pixel samples
     the input, one grid per sample, shared by the minibatch. Estimator weights: eq. 21.
@@ -269,10 +269,10 @@ class ImageAugmentation(Orbit):
 
 @pytree_dataclass
 class RotationAugmentation(ImageAugmentation):
-    """x_a = x rotated by φ ~ Uniform(−α, α) degrees, α = ``max_angle`` learned (seed 001 §5.1).
+    """x_a = x rotated by φ ~ Uniform(−α, α) degrees, α = ``max_angle`` learned (van der Wilk et al. 2018, §5.1).
 
     Positive angles turn the picture anticlockwise as displayed, so 90° equals ``np.rot90``
-    (same convention as :func:`analysis.datasets.rotate_images`).
+    (same convention as :func:`gpzoo.analysis.datasets.rotate_images`).
     """
 
     image_shape: tuple[int, int] = static()
@@ -289,7 +289,7 @@ class RotationAugmentation(ImageAugmentation):
 @dataclasses.dataclass(frozen=True, eq=False)
 class _UniformRangeAugmentation(ImageAugmentation):
     """φ ~ Uniform(``lower``, ``upper``) over six transform parameters, both bounds unconstrained and
-    trained (seed 001 §5); subclasses map a batch of φ to sampling grids with ``grid_from``."""
+    trained (van der Wilk et al. 2018, §5); subclasses map a batch of φ to sampling grids with ``grid_from``."""
 
     image_shape: tuple[int, int] = static()
     lower: Any = hyper((0.0,) * 6, constraint=constraints.real)
@@ -306,7 +306,7 @@ class _UniformRangeAugmentation(ImageAugmentation):
 
 @pytree_dataclass
 class AffineAugmentation(_UniformRangeAugmentation):
-    """General 2-D affine augmentation with 6 free parameters (seed 001 §5 "Affine transformations").
+    """General 2-D affine augmentation with 6 free parameters (van der Wilk et al. 2018, §5 "Affine transformations").
 
     φ = (a11, a12, a21, a22, t_right, t_up) ~ Uniform(``lower``, ``upper``); the output pixel at
     Cartesian p (pixels about the centre) samples the input at (I + [[a11, a12], [a21, a22]]) p + t
@@ -325,7 +325,7 @@ INTERPRETABLE_PARAMETERS = ("angle_deg", "log_scale_x", "log_scale_y", "shear", 
 
 @pytree_dataclass
 class InterpretableAffineAugmentation(_UniformRangeAugmentation):
-    """Affine augmentation in interpretable coordinates (seed 001 §5): φ ~ Uniform(lower, upper) with
+    """Affine augmentation in interpretable coordinates (van der Wilk et al. 2018, §5): φ ~ Uniform(lower, upper) with
     φ = (angle° anticlockwise, log scale x, log scale y, shear, shift right, shift up in pixels).
 
     Forward map F = R(angle) · [[1, shear], [0, 1]] · diag(e^{sx}, e^{sy}); the output pixel p
@@ -357,7 +357,7 @@ def _gaussian_smoother(size: int, width: float, dtype):
 
 @pytree_dataclass
 class LocalDeformation(ImageAugmentation):
-    """Local elastic deformations plus a small random affine map (seed 001 §5 "Local deformations").
+    """Local elastic deformations plus a small random affine map (van der Wilk et al. 2018, §5 "Local deformations").
 
     A simplified, documented version of the infiMNIST deformations (Loosli et al. 2007): white
     noise on the pixel grid per displacement component is smoothed by a Gaussian of
@@ -393,7 +393,7 @@ class LocalDeformation(ImageAugmentation):
 # ===================================================================================== kernel
 @kernel_class
 class InvariantKernel(Kernel):
-    """k_f from a base kernel k_g and an injected orbit (seed 001 eq. 7 / eq. 8, seed 000 eq. D.29).
+    """k_f from a base kernel k_g and an injected orbit (van der Wilk et al. 2018, eq. 7 / eq. 8, van der Wilk et al. 2017, eq. D.29).
 
     Exact finite orbits: ``K``/``K_diag`` are the double sum (or, with ``replace=True``, the
     orbit average (1/G²) Σ Σ), evaluated in closed form for *any* ``FiniteOrbit`` (also the
@@ -427,7 +427,7 @@ class InvariantKernel(Kernel):
     def _closed_form_orbit(self, X):
         if not self.has_closed_form:
             raise InvalidArgumentError(
-                "kernel", f"{type(self.orbit).__name__} defines a double-integral kernel (seed 001 eq. 8) with no closed "
+                "kernel", f"{type(self.orbit).__name__} defines a double-integral kernel (van der Wilk et al. 2018, eq. 8) with no closed "
                 "form; fit it with method='invariant-svgp', which uses the unbiased estimators of eq. 16–21")
         return self.orbit.full_orbit(X)  # [G, N, D]
 
@@ -447,14 +447,14 @@ class InvariantKernel(Kernel):
         return self._scale() * blocks.sum(axis=(1, 2))  # [N]
 
     def K_fu(self, X, Z):
-        """Closed-form k_fu(x_n, z_m) = Σ_a k_g(x_a, z_m) (seed 001 eq. 13), ``[M, N]``."""
+        """Closed-form k_fu(x_n, z_m) = Σ_a k_g(x_a, z_m) (van der Wilk et al. 2018, eq. 13), ``[M, N]``."""
         orbit_x = self._closed_form_orbit(X)  # [G, N, D]
         G, N, D = orbit_x.shape
         K = self.base_kernel.K(Z, orbit_x.reshape(G * N, D)).reshape(-1, G, N)  # [M, G, N]
         scale = 1.0 / G if self.orbit.normalised else 1.0
         return scale * K.sum(axis=1)  # [M, N]
 
-    # ------------------------------------------------------------------ sampled pieces (seed 001 eq. 16–21)
+    # ------------------------------------------------------------------ sampled pieces (van der Wilk et al. 2018, eq. 16–21)
     def sample_orbit(self, X, key):
         """``[S, N, D]`` orbit / augmentation samples of every row of ``X`` (shared across rows)."""
         return self.orbit.sample(X, key)

@@ -1,6 +1,6 @@
-"""Stationary kernels k(x, y) = σ² κ(r), r = ‖(x − y)/ℓ‖ (seed 004 §1.2, Fig. 1.1).
+"""Stationary kernels k(x, y) = σ² κ(r), r = ‖(x − y)/ℓ‖ (Duvenaud 2014, §1.2, Fig. 1.1).
 
-Distances are computed with a matmul, ‖x‖² − 2 x·y + ‖y‖² (seed 000 App. A.2), never with an
+Distances are computed with a matmul, ‖x‖² − 2 x·y + ‖y‖² (van der Wilk et al. 2017, App. A.2), never with an
 ``[N, M, D]`` broadcast; ``lengthscale`` may be a scalar or one value per input dimension (ARD).
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from models.kernels.base import Kernel, hyper, kernel_class
+from gpzoo.models.kernels.base import Kernel, hyper, kernel_class
 
 __all__ = [
     "RBF",
@@ -66,7 +66,7 @@ class Stationary(Kernel):
 
 @kernel_class
 class SquaredExponential(Stationary):
-    """SE / RBF: σ² exp(−r²/2) (seed 004 Fig. 1.1). ARD when ``lengthscale`` is a vector."""
+    """SE / RBF: σ² exp(−r²/2) (Duvenaud 2014, Fig. 1.1). ARD when ``lengthscale`` is a vector."""
 
     lengthscale: Any = hyper(1.0)
     variance: Any = hyper(1.0)
@@ -82,7 +82,7 @@ RBF = SquaredExponential
 class Matern12(Stationary):
     """Matérn ν=1/2 (exponential / Ornstein–Uhlenbeck): σ² exp(−r).
 
-    One of the "local" variants of SE that seed 004 §1.2 mentions; samples are continuous but
+    One of the "local" variants of SE that Duvenaud 2014, §1.2 mentions; samples are continuous but
     nowhere differentiable.
     """
 
@@ -95,7 +95,7 @@ class Matern12(Stationary):
 
 @kernel_class
 class Matern32(Stationary):
-    """Matérn ν=3/2: σ² (1 + √3 r) exp(−√3 r) (seed 004 §1.2, "local" SE variant); once-differentiable samples."""
+    """Matérn ν=3/2: σ² (1 + √3 r) exp(−√3 r) (Duvenaud 2014, §1.2, "local" SE variant); once-differentiable samples."""
 
     lengthscale: Any = hyper(1.0)
     variance: Any = hyper(1.0)
@@ -107,7 +107,7 @@ class Matern32(Stationary):
 
 @kernel_class
 class Matern52(Stationary):
-    """Matérn ν=5/2: σ² (1 + √5 r + 5r²/3) exp(−√5 r) (seed 004 §1.2); twice-differentiable samples."""
+    """Matérn ν=5/2: σ² (1 + √5 r + 5r²/3) exp(−√5 r) (Duvenaud 2014, §1.2); twice-differentiable samples."""
 
     lengthscale: Any = hyper(1.0)
     variance: Any = hyper(1.0)
@@ -119,7 +119,7 @@ class Matern52(Stationary):
 
 @kernel_class
 class RationalQuadratic(Stationary):
-    """RQ: σ² (1 + r²/(2α))^(−α), a scale mixture of SE kernels (seed 004 §1.2, Fig. 1.1 family).
+    """RQ: σ² (1 + r²/(2α))^(−α), a scale mixture of SE kernels (Duvenaud 2014, §1.2, Fig. 1.1 family).
 
     ``alpha`` → ∞ recovers SE; small ``alpha`` mixes many lengthscales.
     """
@@ -134,7 +134,7 @@ class RationalQuadratic(Stationary):
 
 @kernel_class
 class Periodic(Stationary):
-    """Per: σ² exp(−2 Σ_d sin²(π (x_d − y_d)/p_d) / ℓ_d²) (seed 004 eq. 1.41, Fig. 1.1).
+    """Per: σ² exp(−2 Σ_d sin²(π (x_d − y_d)/p_d) / ℓ_d²) (Duvenaud 2014, eq. 1.41, Fig. 1.1).
 
     Implemented exactly as eq. 1.41 states it: the projection of each input onto the circle,
     u(x) = [sin(2πx/p), cos(2πx/p)] / ℓ, followed by SE on u, whose squared distance is a matmul
@@ -162,7 +162,7 @@ class Periodic(Stationary):
 
 @kernel_class
 class Cosine(Stationary):
-    """Cosine: σ² cos(2π Σ_d (x_d − y_d)/ℓ_d), a single Fourier feature (seed 004 §1.6, eq. 1.22).
+    """Cosine: σ² cos(2π Σ_d (x_d − y_d)/ℓ_d), a single Fourier feature (Duvenaud 2014, §1.6, eq. 1.22).
 
     With a = 2π Σ_d x_d/ℓ_d the kernel is cos(a)cos(b) + sin(a)sin(b): a rank-2 feature inner
     product, computed as such (an outer product, never an ``[N, M, D]`` difference).

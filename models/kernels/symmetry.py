@@ -1,16 +1,16 @@
-"""Kernels invariant to a finite group of input transformations (seed 004 §1.7, seed 000 App. D).
+"""Kernels invariant to a finite group of input transformations (Duvenaud 2014, §1.7, van der Wilk et al. 2017, App. D).
 
 A GP sample is invariant, f(x) = f(g x) for all g ∈ G, iff its kernel is argument-wise invariant
-(seed 004 eq. 1.34, seed 000 eq. D.28). Seed 004 §1.7.1 gives three recipes for building such a
+(Duvenaud 2014, eq. 1.34, van der Wilk et al. 2017, eq. D.28). Duvenaud 2014, §1.7.1 gives three recipes for building such a
 kernel from any base kernel k; each is a kernel here, with the group injected as an object:
 
-* ``OrbitSum``:        Σ_g Σ_g' k(g x, g' y)          (eq. 1.35, seed 000 eq. D.29)
+* ``OrbitSum``:        Σ_g Σ_g' k(g x, g' y)          (eq. 1.35, van der Wilk et al. 2017, eq. D.29)
 * ``OrbitProjection``: k(A_G(x), A_G(y))              (eq. 1.38; A_G maps onto a fundamental domain)
 * ``OrbitProduct``:    Π_g Π_g' k(g x, g' y)          (eq. 1.39)
 
 A group (:class:`FiniteGroup`) knows only how it acts on input rows: ``orbit(X)`` ``[G, N, D]``
 applies every element, ``canonical(X)`` ``[N, D]`` picks one representative per orbit. The same
-objects serve the (sampled-orbit) invariant kernels of seed 001.
+objects serve the (sampled-orbit) invariant kernels of van der Wilk et al. 2018.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.errors import HyperparameterError, ShapeError
-from models.kernels.base import Kernel, kernel_class, static
+from gpzoo.models.errors import HyperparameterError, ShapeError
+from gpzoo.models.kernels.base import Kernel, kernel_class, static
 
 __all__ = [
     "CyclicShift",
@@ -60,7 +60,7 @@ class FiniteGroup:
         """Every group element applied to every row: ``[G, N, D]`` from ``X`` ``[N, D]``.
 
         ``orbit(X)[g, n]`` is g(x_n); ``orbit(X)[0] == X`` (identity first). The set of rows
-        ``{orbit(X)[g, n] : g}`` is the orbit O_G(x_n) of seed 000 App. D.2.
+        ``{orbit(X)[g, n] : g}`` is the orbit O_G(x_n) of van der Wilk et al. 2017, App. D.2.
         """
         X = jnp.asarray(X)
         self.check_inputs(X)
@@ -70,7 +70,7 @@ class FiniteGroup:
         raise NotImplementedError
 
     def canonical(self, X):
-        """A_G(x): one representative of each row's orbit, ``[N, D]`` (seed 004 eq. 1.38).
+        """A_G(x): one representative of each row's orbit, ``[N, D]`` (Duvenaud 2014, eq. 1.38).
 
         Default: the lexicographically smallest orbit element, a valid projection onto a
         fundamental domain for every finite group (equal orbits have equal minima). For
@@ -126,7 +126,7 @@ class PermutationGroup(FiniteGroup):
 
 @dataclasses.dataclass(frozen=True)
 class SwapInputs(PermutationGroup):
-    """G_swap = {identity, swap of columns ``first`` and ``second``} (seed 004 eq. 1.32–1.33)."""
+    """G_swap = {identity, swap of columns ``first`` and ``second``} (Duvenaud 2014, eq. 1.32–1.33)."""
 
     num_features: int = 2
     first: int = 0
@@ -148,7 +148,7 @@ class SwapInputs(PermutationGroup):
 
 @dataclasses.dataclass(frozen=True)
 class CyclicShift(PermutationGroup):
-    """All D cyclic shifts of a 1-D signal of length ``num_features`` (seed 004 eq. 1.45)."""
+    """All D cyclic shifts of a 1-D signal of length ``num_features`` (Duvenaud 2014, eq. 1.45)."""
 
     num_features: int
 
@@ -167,8 +167,8 @@ class ImageSymmetries(PermutationGroup):
 
     ``rotations`` and ``flips``: the dihedral group D4 (8 elements, square images);
     ``rotations`` only: C4 (4 elements, square images); ``flips`` only: {identity, left-right
-    flip, up-down flip, 180° rotation} (4 elements, any H × W). Seed 004 §1.7.4 (pixel
-    permutations of images), seed 000 App. D.2.
+    flip, up-down flip, 180° rotation} (4 elements, any H × W). Duvenaud 2014, §1.7.4 (pixel
+    permutations of images), van der Wilk et al. 2017, App. D.2.
     """
 
     image_shape: tuple[int, int]
@@ -200,7 +200,7 @@ class ImageSymmetries(PermutationGroup):
 
 @dataclasses.dataclass(frozen=True)
 class Reflection(FiniteGroup):
-    """Reflection about zero, {x, −x} on the columns ``dims`` (all when None) (seed 004 eq. 1.42–1.43)."""
+    """Reflection about zero, {x, −x} on the columns ``dims`` (all when None) (Duvenaud 2014, eq. 1.42–1.43)."""
 
     dims: tuple[int, ...] | None = None
 
@@ -271,9 +271,9 @@ def _per_datum_blocks(base_kernel: Kernel, group: FiniteGroup, X):
 
 @kernel_class
 class OrbitSum(Kernel):
-    """k(x, y) = c Σ_g Σ_g' k_base(g x, g' y), the sum over orbits (seed 004 eq. 1.35, seed 000 eq. D.29).
+    """k(x, y) = c Σ_g Σ_g' k_base(g x, g' y), the sum over orbits (Duvenaud 2014, eq. 1.35, van der Wilk et al. 2017, eq. D.29).
 
-    The prior of f(x) = Σ_g f_base(g x) (seed 000 eq. D.30); c = 1, or 1/G² when ``normalise``
+    The prior of f(x) = Σ_g f_base(g x) (van der Wilk et al. 2017, eq. D.30); c = 1, or 1/G² when ``normalise``
     (the prior of the orbit *average*). Costs G² base-kernel evaluations per pair of inputs.
     """
 
@@ -297,7 +297,7 @@ class OrbitSum(Kernel):
 
 @kernel_class
 class OrbitProjection(Kernel):
-    """k(x, y) = k_base(A_G(x), A_G(y)), projection onto a fundamental domain (seed 004 eq. 1.38).
+    """k(x, y) = k_base(A_G(x), A_G(y)), projection onto a fundamental domain (Duvenaud 2014, eq. 1.38).
 
     A_G is ``group.canonical``; one base-kernel evaluation per pair, but f has a non-differentiable
     seam where A_G switches representative.
@@ -319,13 +319,13 @@ class OrbitProjection(Kernel):
 
 @kernel_class
 class OrbitProduct(Kernel):
-    """k(x, y) = Π_g Π_g' k_base(g x, g' y), the product over orbits (seed 004 eq. 1.39).
+    """k(x, y) = Π_g Π_g' k_base(g x, g' y), the product over orbits (Duvenaud 2014, eq. 1.39).
 
     Argument-wise invariant by construction, so its samples are G-invariant (eq. 1.34). Unlike
     the sum it is not positive semi-definite for every base kernel; for SE and a group of
     isometries (e.g. permutations) and a scalar lengthscale it equals SE(Σ_g g x, Σ_g g y) · h(x) h(y),
     hence PSD. The prior variance can
-    collapse towards zero away from the data (seed 004 Fig. 1.10, right).
+    collapse towards zero away from the data (Duvenaud 2014, Fig. 1.10, right).
     """
 
     base_kernel: Kernel
