@@ -237,7 +237,7 @@ class GpzooRun:
     """gpzoo ``weighted-conv`` SVGP, one jit-compiled SVI update per step (as ``fit`` runs it)."""
 
     def __init__(self, job: dict, threads: int):
-            import jax  # noqa: PLC0415
+        import jax  # noqa: PLC0415
         import jax.numpy as jnp  # noqa: PLC0415
         import optax  # noqa: PLC0415
         from numpyro.infer import SVI, TraceMeanField_ELBO  # noqa: PLC0415
