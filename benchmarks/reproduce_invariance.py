@@ -11,7 +11,7 @@ Two experiments, each selectable with ``--experiment``:
   for α_true = 90°, and the invariant model beats RBF in both test error and ELBO.
 * ``mnist10`` (§5.2, fig. 4): the 4,000 / 1,000 split with the ``OneHotGaussian`` likelihood
   (Gaussian on one-hot targets: ten latent GPs sharing one kernel and one set of inducing inputs,
-  as in the seed), classifying by the argmax of the predictive means. RBF vs invariant-rot vs
+  as in the paper), classifying by the argmax of the predictive means. RBF vs invariant-rot vs
   invariant-affine vs invariant-deform. Goal: all-affine error below RBF, and ranking the models
   by ELBO gives the same order as ranking them by error.
 
@@ -52,7 +52,7 @@ ALPHA_SITE = "kernel.orbit.max_angle"
 ROTATED_ALPHAS = (90.0, 180.0)
 #: van der Wilk et al. 2018, fig. 4 (right): test error in % on MNIST with a Gaussian likelihood.
 PAPER_MNIST10 = {"svgp-rbf": 0.0215, "invariant-rot": 0.0208, "invariant-affine": 0.0135, "invariant-deform": 0.0147}
-PAPER_STEPS = 20000  # order of magnitude of the seed's training curves (fig. 3–4 run far longer than CPU runs here)
+PAPER_STEPS = 20000  # order of magnitude of the paper's training curves (fig. 3–4 run far longer than CPU runs here)
 
 
 # ----------------------------------------------------------------------------- α over training

@@ -1,4 +1,4 @@
-"""Rewrite the README's results section from ``benchmarks/results/*.json`` (STYLE.md: never by hand).
+"""Rewrite the README's results section from ``benchmarks/results/*.json`` (never by hand).
 
 Each results file is rendered by the formatter registered for its stem (``@formatter("name")``,
 a function ``dict -> list of Markdown lines``); a file without one gets a generic table of its

@@ -1,6 +1,6 @@
 """Time per SVI step of the SVGP against N (fixed batch), M and D, with a hand-written JAX reference.
 
-What is timed (DESIGN.md §6): the update ``fit`` runs, NumPyro's ``svi.update`` with
+What is timed: the update ``fit`` runs, NumPyro's ``svi.update`` with
 ``TraceMeanField_ELBO`` and optax Adam, as a jit-compiled ``lax.scan`` of ``--steps`` steps over
 precomputed minibatch indices (the minibatch gather is inside the scan), divided by the number of
 steps. Compilation and three warm-up calls are excluded; the medians of ``--repeats`` calls are

@@ -3,7 +3,7 @@
 As in GPflow, an inducing-variable type is little more than a container; what it *means* for a
 given kernel lives in the two covariance functions registered for the pair (multipledispatch,
 which also resolves subclasses). A new structured kernel adds one inducing type and two
-registrations; the conditional, the KL and the training loop are shared (STYLE.md).
+registrations; the conditional, the KL and the training loop are shared.
 
 Conventions (one place): ``Kuu`` returns a stack of blocks ``[G, M, M]`` *without* jitter (the
 Cholesky adds it) and ``Kuf`` returns ``[G, M, N]``; the G·M inducing outputs are ordered group

@@ -31,10 +31,10 @@ sampled kernel is paired with
 
   - ``"closed-form"`` (default): c_n = √(E[f_n²]) (Jaakkola–Jordan's optimum for a given E[f_n²],
     :func:`optimal_c`), computed without gradient from an *independent* set of orbit samples.
-    The seed (§4.5) says the optimum cannot be used because it depends non-linearly on μ_n, σ_n;
+    The paper (van der Wilk et al. 2018, §4.5) says the optimum cannot be used because it depends non-linearly on μ_n, σ_n;
     plugging in an independent noisy estimate keeps the bound unbiased at the price of a c that
     is slightly off the optimum (the bound is then lower by the resulting Jensen gap).
-  - ``"recognition"``: the seed's amortised q(ω_n) (§4.5, following Kingma & Welling 2014):
+  - ``"recognition"``: the paper's amortised q(ω_n) (§4.5, following Kingma & Welling 2014):
     c_n = softplus(MLP(x_n, 2y_n − 1)), a tanh MLP with hidden widths
     ``spec.options.get("pg_recognition_hidden", (32, 32))`` whose weights are ``numpyro.param``
     sites ``pg_recognition.*`` trained jointly with q(u) and θ by the ELBO. c does not depend

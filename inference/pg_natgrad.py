@@ -10,8 +10,8 @@ q(ω_n) = PG(1, c_n) and κ_n = y_n − ½) is
 :func:`pg_bound`, built from :func:`gpzoo.inference.polya_gamma.pg_logistic_bound`: the same bound the
 Adam path optimises. Because (PG) is quadratic in f, it is conditionally conjugate (Wenzel et al.
 2019, "Efficient Gaussian process classification using Pólya–Gamma data augmentation", AAAI; §3
-"variational bound", §4 "stochastic variational inference"; that paper is not among the seeds, so
-its equations are written out here rather than cited by number):
+"variational bound", §4 "stochastic variational inference"; its equations are written out here
+rather than cited by number):
 
 * q(ω_n): the optimum is PG(1, c_n), c_n = √E_q[f_n²] (:func:`optimal_c`; d(PG)/dc_n = 0).
 * q(u): in whitened coordinates v = Luu⁻¹ u (p(v) = N(0, I)), with A = Luu⁻¹ Kuf ``[M, N]``,

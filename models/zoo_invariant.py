@@ -13,7 +13,7 @@ and, when the kernel is sampled, ``method="invariant-svgp"``. Both are provided 
 :mod:`gpzoo.inference.invariant`, which must be imported before ``inference.fit`` (it registers them).
 Sampled kernels accept only a Gaussian likelihood or the Pólya–Gamma bound for binary labels
 (Bernoulli-logit, the default for ``task="binary"``); multi-class tasks use a Gaussian likelihood
-on one output as in the seed's §5.2 only when the user passes one.
+on one output as in van der Wilk et al. 2018, §5.2, only when the user passes one.
 
 Binary tasks with a sampled kernel use the Pólya–Gamma bound; ``pg_c`` picks the tilt of
 q(ω_n) = PG(1, c_n): ``"closed-form"`` (c_n = √Ê[f_n²], default), ``"recognition"`` (an MLP of

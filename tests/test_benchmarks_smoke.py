@@ -1,4 +1,4 @@
-"""Benchmarks still run against the library (STYLE.md: every script is exercised by a test)."""
+"""Benchmarks still run against the library (every script is exercised by a test)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ class Linear(Kernel):
     """Lin: Σ_d σ_d² (x_d − c_d)(y_d − c_d) (Duvenaud 2014, Fig. 1.1, §1.3.2).
 
     The marginal standard deviation grows linearly away from ``offset`` c (unconstrained, may be
-    per dimension). The seed's bias term σ_b² is ``Constant``: write ``Linear() + Constant()``.
+    per dimension). Duvenaud's bias term σ_b² is ``Constant``: write ``Linear() + Constant()``.
     """
 
     variance: Any = hyper(1.0)

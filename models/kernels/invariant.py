@@ -3,7 +3,7 @@
 f(x) = Σ_{x_a ∈ A(x)} g(x_a) with g ~ GP(0, k_g) has the double-sum kernel (van der Wilk et al. 2018, eq. 7)
 k_f(x, x') = Σ_a Σ_a' k_g(x_a, x'_a); an augmentation density p(x_a|x) gives the double
 integral k_f(x, x') = ∬ p(x_a|x) p(x'_a|x') k_g(x_a, x'_a) (eq. 8). :class:`InvariantKernel`
-takes the base kernel k_g and an *orbit object* (injected, STYLE.md) that says how A(x) or
+takes the base kernel k_g and an *orbit object* (injected, not subclassed) that says how A(x) or
 p(x_a|x) is sampled and how the samples are weighted:
 
 * :class:`FiniteOrbit` — a finite group from :mod:`gpzoo.models.kernels.symmetry`; the whole orbit
@@ -310,7 +310,7 @@ class AffineAugmentation(_UniformRangeAugmentation):
 
     φ = (a11, a12, a21, a22, t_right, t_up) ~ Uniform(``lower``, ``upper``); the output pixel at
     Cartesian p (pixels about the centre) samples the input at (I + [[a11, a12], [a21, a22]]) p + t
-    (the sampling-grid parameterisation of spatial transformer networks, the seed's footnote 3),
+    (the sampling-grid parameterisation of spatial transformer networks, van der Wilk et al. 2018, footnote 3),
     so zero ranges give the identity. ``lower``/``upper`` are unconstrained and both trained.
     """
 

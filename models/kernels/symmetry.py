@@ -74,7 +74,7 @@ class FiniteGroup:
 
         Default: the lexicographically smallest orbit element, a valid projection onto a
         fundamental domain for every finite group (equal orbits have equal minima). For
-        ``SwapInputs`` this is the seed's [min(x1, x2), max(x1, x2)].
+        ``SwapInputs`` this is Duvenaud's [min(x1, x2), max(x1, x2)].
         """
         X = jnp.asarray(X)
         self.check_inputs(X)
