@@ -2,13 +2,16 @@
 
 ::
 
-    gpzoo list
+    gpzoo list [--options]                  # models (and each model's options), datasets
     gpzoo fit     --data two-moons --model svgp-rbf --out reports/moons
-    gpzoo compare --data rectangles --models svgp-rbf,conv,weighted-conv --out reports/rectangles
+    gpzoo compare --data rectangles --models svgp-rbf,conv,weighted-conv --out reports/rectangles \
+                  --option conv.patch_shape=5x5 --option svgp-rbf.ard=true
     gpzoo report  reports/rectangles        # rebuild every file from the saved DataTrees
 
-Thin by design: it loads a dataset, builds specs from the zoo with the dataset's facts, calls
-``inference.fit`` (progress bars) and ``analysis.report.report``, and prints a summary table.
+Thin by design: it loads a dataset, builds specs from the zoo with the dataset's facts and the
+``--option MODEL.KEY=VALUE`` values (parsed to the types the model's builder declares, see
+``zoo.options``), calls ``inference.fit`` (progress bars) and ``analysis.report.report``, and
+prints a summary table.
 Every failure is one line on stderr (``gpzoo: error: ...``) and a non-zero exit status:
 2 for bad usage (unknown model or dataset, incompatible pair, bad option), 1 for a failure while
 running (unwritable directory, diverged fit, broken report directory, or an unexpected error —
@@ -18,6 +21,7 @@ running (unwritable directory, diverged fit, broken report directory, or an unex
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -108,13 +112,17 @@ def _add_fit_options(parser, *, data_default):
     parser.add_argument("--likelihood", default=None,
                         help="likelihood by name (gaussian, poisson, bernoulli-logit, bernoulli-probit, robustmax, softmax, "
                              "one-hot-gaussian); default: the task's (gaussian, bernoulli-logit, robustmax)")
+    parser.add_argument("--option", dest="options", action="append", default=[], metavar="MODEL.KEY=VALUE",
+                        help="a model option, e.g. conv.patch_shape=5x5 or svgp-rbf.ard=true (repeatable; "
+                             "`gpzoo list --options` shows each model's)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gpzoo", description="Structured-kernel Gaussian processes: fit, compare, report.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    sub.add_parser("list", help="list models and datasets with one-line descriptions")
+    list_p = sub.add_parser("list", help="list models and datasets with one-line descriptions")
+    list_p.add_argument("--options", action="store_true", help="also list each model's options (type, default, help)")
     fit_p = sub.add_parser("fit", help="fit one model on one dataset and write its report")
     fit_p.add_argument("--model", required=True, help="model name (see `gpzoo list`)")
     _add_fit_options(fit_p, data_default=None)
@@ -136,7 +144,31 @@ def _cmd_list(args, out) -> int:
         width = max(len(n) for n in items)
         for name, text in items.items():
             print(f"  {name:<{width}}  {text}", file=out)
+            if args.options and title == "Models":
+                _print_options([o for o in zoo.options(name) if o.kind == "model" or _model_default(o)], out)
+    if args.options:
+        print("Options of every model (defaults above where a model has its own; --num-inducing sets num_inducing "
+              "for every model, dataset facts come from --data):", file=out)
+        shared = [o for o in zoo.options(zoo.names()[0]) if o.kind == "common" and o.name not in _OWN_FLAGS]
+        _print_options([dataclasses.replace(o, default=getattr(zoo.Common(), o.name)) for o in shared], out)
     return 0
+
+
+#: Common options the CLI sets with a flag of its own (--likelihood), not with --option.
+_OWN_FLAGS = ("likelihood",)
+
+
+def _model_default(option) -> bool:
+    """A Common option whose default this model sets (e.g. num_inducing=32)."""
+    from gpzoo.models import zoo  # noqa: PLC0415
+
+    return (option.kind == "common" and option.name != "num_inducing"  # the CLI always gives --num-inducing
+            and option.default != getattr(zoo.Common(), option.name))
+
+
+def _print_options(options, out) -> None:
+    for option in options:
+        print(f"      {option.name}: {option.type_name} = {option.default!r}  {option.help}", file=out)
 
 
 def _load_data(args):
@@ -174,30 +206,57 @@ def _likelihood(name: str | None, ds):
         raise UsageError(f"--likelihood: {exc}") from None
 
 
-def _build_spec(name: str, ds, num_inducing: int, likelihood=None):
-    """zoo.get(name, ...) with the dataset's facts (input_dim, task, num_classes, image_shape,
-    num_inducing) and the likelihood when one is given; a fact the builder does not take is dropped."""
+def _model_options(texts: list[str], model_names: list[str]) -> dict[str, dict[str, object]]:
+    """``{model: {key: value}}`` from ``--option MODEL.KEY=VALUE`` texts, each value parsed to the
+    type the model's builder declares (``zoo.parse_option``); a usage error names the bad option."""
+    from gpzoo.models import zoo  # noqa: PLC0415
+    from gpzoo.models.errors import InvalidArgumentError  # noqa: PLC0415
+
+    chosen: dict[str, dict[str, object]] = {name: {} for name in model_names}
+    for text in texts:
+        target, sep, value = text.partition("=")
+        model, dot, key = target.rpartition(".")
+        if not (sep and dot and model and key):
+            raise UsageError(f"--option {text!r}: expected MODEL.KEY=VALUE, e.g. conv.patch_shape=5x5")
+        if model not in chosen:
+            raise UsageError(f"--option {text}: model {model!r} is not among the models fitted ({', '.join(model_names)})")
+        if key in zoo.DATASET_FACTS or key in _OWN_FLAGS:
+            raise UsageError(f"--option {text}: {key} is set by --{'data' if key in zoo.DATASET_FACTS else key}")
+        settable = [o.name for o in zoo.options(model) if o.kind != "dataset" and o.name not in _OWN_FLAGS]
+        if key not in settable:
+            raise UsageError(f"--option {text}: model {model!r} takes no option {key!r}; options: {', '.join(settable)}")
+        try:
+            parsed = zoo.parse_option(model, key, value)
+        except InvalidArgumentError as exc:
+            raise UsageError(f"--option {text}: {exc}") from None
+        if key in chosen[model]:
+            raise UsageError(f"--option {text}: {model}.{key} is given twice")
+        chosen[model][key] = parsed
+    return chosen
+
+
+def _build_spec(name: str, ds, num_inducing: int, likelihood=None, options=None):
+    """zoo.get(name, ...) with the dataset's facts (input_dim, task, num_classes, image_shape),
+    num_inducing, the likelihood when one is given and the model's ``--option`` values."""
     from gpzoo.models import zoo  # noqa: PLC0415
     from gpzoo.models.errors import InvalidArgumentError  # noqa: PLC0415
 
     if name not in zoo.names():
         raise UsageError(f"unknown model {name!r}; valid: {', '.join(zoo.names())}")
-    options = {"input_dim": ds.num_features, "task": ds.task, "num_classes": ds.num_classes,
-               "image_shape": ds.image_shape, "num_inducing": num_inducing}
+    options = options or {}
+    given = {"input_dim": ds.num_features, "task": ds.task, "num_classes": ds.num_classes,
+             "image_shape": ds.image_shape, "num_inducing": num_inducing}
     if likelihood is not None:
-        options["likelihood"] = likelihood
+        given["likelihood"] = likelihood
     incompatible = f"model {name!r} needs image data but dataset {ds.name!r} is tabular (no image_shape)"
-    while True:
-        try:
-            spec = zoo.get(name, **options)
-            break
-        except InvalidArgumentError as exc:
-            if exc.argument in options and exc.argument != "likelihood" and "takes no option" in str(exc):
-                del options[exc.argument]  # a builder that does not use this dataset fact
-                continue
-            if ds.image_shape is None and exc.argument in ("image_shape", "patch_shape"):
-                raise UsageError(incompatible) from None
-            raise UsageError(f"model {name!r} cannot be built for dataset {ds.name!r}: {exc}") from None
+    try:
+        spec = zoo.get(name, **(given | options))
+    except InvalidArgumentError as exc:
+        if ds.image_shape is None and exc.argument in ("image_shape", "patch_shape"):
+            raise UsageError(incompatible) from None
+        if exc.argument in options:
+            raise UsageError(f"--option {name}.{exc.argument}: {exc}") from None
+        raise UsageError(f"model {name!r} cannot be built for dataset {ds.name!r}: {exc}") from None
     if spec.input_kind == "image" and ds.image_shape is None:
         raise UsageError(incompatible)
     if spec.input_kind == "tabular" and ds.image_shape is not None:
@@ -216,9 +275,11 @@ def _fit_and_report(args, model_names: list[str], out) -> int:
     unknown = [name for name in model_names if name not in zoo.names()]
     if unknown:
         raise UsageError(f"unknown model {unknown[0]!r}; valid: {', '.join(zoo.names())}")
+    options = _model_options(args.options, model_names)
     ds, X_train, y_train, X_test, y_test = _load_data(args)
     likelihood = _likelihood(args.likelihood, ds)
-    specs = {name: _build_spec(name, ds, args.num_inducing, likelihood) for name in model_names}  # all checked before fitting
+    specs = {name: _build_spec(name, ds, args.num_inducing, likelihood, options[name])  # all checked before fitting
+             for name in model_names}
     check_writable(args.out)
     batch_size = min(args.batch_size, len(y_train))
     results = {}

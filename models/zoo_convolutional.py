@@ -1,9 +1,10 @@
-"""Zoo models of the convolutional family (van der Wilk et al. 2017, §3): imported by :mod:`gpzoo.models.zoo` on demand.
+"""Zoo models of the convolutional family (van der Wilk et al. 2017, §3), registered when :mod:`gpzoo.models.zoo` imports this module.
 
-Every builder takes the dataset facts (``input_dim``, ``task``, ``num_classes``, ``image_shape``)
-and options (``patch_shape``, ``num_inducing``, hyperparameter initial values, ``whiten``,
-``q_structure``, ``inducing_init``, ``products`` ("matmul" or "conv"), ``normalisation``). Defaults follow the paper's
-setups (3×3 patches, M = 16, training with Adam at 0.01 and minibatches of 100):
+Every builder takes :class:`~gpzoo.models.zoo_core.Common` (dataset facts, ``num_inducing``,
+``whiten``, ``q_structure``, ``inducing_init``) and its own options, declared by its signature
+(``patch_shape``, hyperparameter initial values, ``products`` ("matmul" or "conv"),
+``normalisation``). Defaults follow the paper's setups (3×3 patches, M = 16, training with Adam
+at 0.01 and minibatches of 100):
 
 * base kernel: SE on patches, lengthscale max(1, √E / 3) for patches of E values in [0, 1]
   (distances between patches grow like √E); variance T, the number of patch terms in f, under
@@ -23,9 +24,11 @@ setups (3×3 patches, M = 16, training with Adam at 0.01 and minibatches of 100)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Annotated, Literal
 
 from gpzoo.models import kernels
-from gpzoo.models.errors import InvalidArgumentError, as_int_pair
+from gpzoo.models.errors import as_int_pair
 from gpzoo.models.kernels.convolutional import (
     AdditiveColourConvolutional,
     Convolutional,
@@ -34,24 +37,18 @@ from gpzoo.models.kernels.convolutional import (
     WeightedConvolutional,
     image_dims,
 )
-from gpzoo.models.zoo import Common, ModelSpec, register
+from gpzoo.models.zoo_core import Common, Lengthscale, ModelSpec, register
 
 DEFAULT_PATCH_SHAPE = (3, 3)
 DEFAULT_RBF_VARIANCE = 1.0
+NEEDS_IMAGES = "convolutional models need image_shape (H, W) or (H, W, C)"
 
-
-def _image_shape(image_shape, input_dim) -> tuple[int, ...]:
-    """The dataset's image shape; a square grey image is inferred from ``input_dim`` if needed."""
-    if image_shape is not None:
-        image_dims(image_shape)  # typed error for a malformed shape
-        shape = tuple(int(s) for s in image_shape)
-        if input_dim is not None and math.prod(shape) != int(input_dim):
-            raise InvalidArgumentError("image_shape", f"{shape} has {math.prod(shape)} pixels but input_dim is {input_dim}")
-        return shape
-    side = math.isqrt(int(input_dim)) if input_dim else 0
-    if not input_dim or side * side != int(input_dim):
-        raise InvalidArgumentError("image_shape", "convolutional models need image_shape (H, W) or (H, W, C)")
-    return (side, side)
+PatchShape = Annotated[tuple[int, int], "patch height × width, e.g. 5x5"]
+BaseLengthscale = Annotated[float | None, "SE lengthscale of the patch function g; none: max(1, √E/3) for patches of E values"]
+BaseVariance = Annotated[float | None, "variance of g; none: T (the number of patch terms) under 'mean', 1/T under 'sum'"]
+Products = Annotated[Literal["matmul", "conv"] | Callable, "how patch inner products are computed (a patch matmul or a convolution)"]
+Normalisation = Annotated[Literal["mean", "sum"], "f = (1/T) Σ_p w_p g(x^[p]) ('mean') or Σ_p w_p g(x^[p]) ('sum')"]
+RbfVariance = Annotated[float | None, f"variance of the RBF part on whole images; none: {DEFAULT_RBF_VARIANCE}"]
 
 
 def _patch_shape(patch_shape) -> tuple[int, int]:
@@ -71,19 +68,13 @@ def _num_patches(shape, patch_shape) -> int:
     return max(1, H - patch_shape[0] + 1) * max(1, W - patch_shape[1] + 1)
 
 
-def _rbf(image_shape, lengthscale, variance) -> kernels.Kernel:
-    D = math.prod(image_shape)
-    lengthscale = max(1.0, math.sqrt(D) / 2.0) if lengthscale is None else lengthscale
-    return kernels.SquaredExponential(lengthscale=lengthscale, variance=DEFAULT_RBF_VARIANCE if variance is None else variance)
-
-
 def _spec(common: Common, name: str, kernel, shape, inducing, **options) -> ModelSpec:
     return common.spec(name, kernel, inducing=inducing, input_kind="image", image_shape=tuple(shape), options=options)
 
 
 def _conv(common: Common, *, weighted, colour_patch, patch_shape, lengthscale, variance, products, normalisation):
     """The (weighted) convolutional kernel for ``common``'s images, its image shape and spec options."""
-    shape = _image_shape(common.image_shape, common.input_dim)
+    shape = common.required_image_shape(NEEDS_IMAGES)
     patch_shape = _patch_shape(patch_shape)
     C = image_dims(shape)[2]
     channels = "patch" if colour_patch or C == 1 else "separate"
@@ -100,8 +91,8 @@ def _conv(common: Common, *, weighted, colour_patch, patch_shape, lengthscale, v
 
 def _register_conv(name, description, *, weighted, colour_patch):
     @register(name, description, num_inducing=16)
-    def build(common: Common, patch_shape=DEFAULT_PATCH_SHAPE, lengthscale=None, variance=None, products: str = "matmul",
-              normalisation: str = "mean") -> ModelSpec:
+    def build(common: Common, patch_shape: PatchShape = DEFAULT_PATCH_SHAPE, lengthscale: BaseLengthscale = None,
+              variance: BaseVariance = None, products: Products = "matmul", normalisation: Normalisation = "mean") -> ModelSpec:
         kernel, shape, options = _conv(common, weighted=weighted, colour_patch=colour_patch, patch_shape=patch_shape,
                                        lengthscale=lengthscale, variance=variance, products=products,
                                        normalisation=normalisation)
@@ -112,13 +103,15 @@ def _register_conv(name, description, *, weighted, colour_patch):
 
 def _register_conv_rbf(name, description, *, weighted):
     @register(name, description, num_inducing=16)
-    def build(common: Common, patch_shape=DEFAULT_PATCH_SHAPE, lengthscale=None, variance=None, rbf_lengthscale=None,
-              rbf_variance=None, products: str = "matmul", normalisation: str = "mean") -> ModelSpec:
+    def build(common: Common, patch_shape: PatchShape = DEFAULT_PATCH_SHAPE, lengthscale: BaseLengthscale = None,
+              variance: BaseVariance = None, rbf_lengthscale: Lengthscale = None, rbf_variance: RbfVariance = None,
+              products: Products = "matmul", normalisation: Normalisation = "mean") -> ModelSpec:
         conv, shape, options = _conv(common, weighted=weighted, colour_patch=False, patch_shape=patch_shape,
                                      lengthscale=lengthscale, variance=variance, products=products,
                                      normalisation=normalisation)
-        kernel = ImageSum((conv, _rbf(shape, rbf_lengthscale, rbf_variance)))
-        return _spec(common, name, kernel, shape, ("patches", "points"), **options)
+        rbf = kernels.SquaredExponential(lengthscale=common.lengthscale(rbf_lengthscale, image_shape=shape),
+                                         variance=DEFAULT_RBF_VARIANCE if rbf_variance is None else rbf_variance)
+        return _spec(common, name, ImageSum((conv, rbf)), shape, ("patches", "points"), **options)
 
     return build
 
@@ -138,9 +131,9 @@ def _per_channel_model(name, description, kernel_class, *, channel_terms: bool, 
     """Models whose patches are single-channel (w×h) with one term per patch (× C with ``channel_terms``)."""
 
     @register(name, description, num_inducing=16, **common_defaults)
-    def build(common: Common, patch_shape=DEFAULT_PATCH_SHAPE, lengthscale=None, variance=None, products: str = "matmul",
-              normalisation: str = "mean") -> ModelSpec:
-        shape = _image_shape(common.image_shape, common.input_dim)
+    def build(common: Common, patch_shape: PatchShape = DEFAULT_PATCH_SHAPE, lengthscale: BaseLengthscale = None,
+              variance: BaseVariance = None, products: Products = "matmul", normalisation: Normalisation = "mean") -> ModelSpec:
+        shape = common.required_image_shape(NEEDS_IMAGES)
         patch_shape = _patch_shape(patch_shape)
         num_terms = _num_patches(shape, patch_shape) * (image_dims(shape)[2] if channel_terms else 1)
         base = _base_kernel(patch_shape[0] * patch_shape[1], num_terms, normalisation, lengthscale, variance)

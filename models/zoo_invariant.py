@@ -1,4 +1,4 @@
-"""Zoo models of the invariant family (van der Wilk et al. 2018, §4–5, van der Wilk et al. 2017, App. D): imported by :mod:`gpzoo.models.zoo` on demand.
+"""Zoo models of the invariant family (van der Wilk et al. 2018, §4–5, van der Wilk et al. 2017, App. D), registered when :mod:`gpzoo.models.zoo` imports this module.
 
 * ``invariant-finite`` — f(x) = Σ_{g∈G} f_base(g x) for a finite group (default: 90° rotations
   of square images, the swap of x1, x2 for 2-D tables). The whole orbit is exact and fits with
@@ -27,7 +27,7 @@ starts near 1); 8 orbit samples per datum; M = 32 inducing inputs.
 
 from __future__ import annotations
 
-import math
+from typing import Annotated, Literal
 
 from gpzoo.models import kernels
 from gpzoo.models.errors import InvalidArgumentError
@@ -41,37 +41,21 @@ from gpzoo.models.kernels.invariant import (
 )
 from gpzoo.models.kernels.symmetry import FiniteGroup, ImageSymmetries, SwapInputs
 from gpzoo.models.likelihoods import Likelihood
-from gpzoo.models.zoo import Common, ModelSpec, register
+from gpzoo.models.zoo_core import Common, Lengthscale, ModelSpec, register
 
 DEFAULT_ORBIT_SAMPLES = 8
 DEFAULT_NUM_INDUCING = 32
 
-
-def _square_image_shape(image_shape, input_dim) -> tuple[int, int] | None:
-    if image_shape is not None:
-        shape = tuple(int(s) for s in image_shape)
-        if input_dim is not None and math.prod(shape) != int(input_dim):
-            raise InvalidArgumentError("image_shape", f"{shape} has {math.prod(shape)} pixels but input_dim is {input_dim}")
-        return shape
-    return None
+OrbitSamples = Annotated[int, "orbit samples per datum in the unbiased kernel estimates"]
+Variance = Annotated[float, "variance of the base kernel (k_f is an average over the orbit)"]
+PgTilt = Annotated[Literal["closed-form", "recognition", "free"],
+                   "tilt c_n of q(ω_n) = PG(1, c_n) for binary tasks: √Ê[f_n²], a recognition MLP, or one free c_n per datum"]
+PgHidden = Annotated[tuple[int, ...] | None, "hidden widths of the recognition MLP (pg_c=recognition), e.g. 32,32"]
+Ranges = tuple[float, ...] | None
 
 
-def _image_shape_required(image_shape, input_dim) -> tuple[int, int]:
-    shape = _square_image_shape(image_shape, input_dim)
-    if shape is None:
-        side = math.isqrt(int(input_dim)) if input_dim else 0
-        if not input_dim or side * side != int(input_dim):
-            raise InvalidArgumentError("image_shape", "image augmentations need image_shape (H, W)")
-        shape = (side, side)
-    if len(shape) != 2:
-        raise InvalidArgumentError("image_shape", f"image augmentations support grey images (H, W), got {shape}")
-    return shape
-
-
-def _base(input_dim, image_shape, lengthscale, variance) -> kernels.Kernel:
-    if lengthscale is None:
-        lengthscale = max(1.0, math.sqrt(math.prod(image_shape)) / 2.0) if image_shape else 1.0
-    return kernels.SquaredExponential(lengthscale=lengthscale, variance=variance)
+def _base(common: Common, image_shape, lengthscale, variance) -> kernels.Kernel:
+    return kernels.SquaredExponential(lengthscale=common.lengthscale(lengthscale, image_shape=image_shape), variance=variance)
 
 
 def _likelihood(common: Common, sampled: bool) -> Likelihood:
@@ -99,10 +83,13 @@ def _spec(common: Common, name: str, kernel: InvariantKernel, shape, options, pg
 
 @register("invariant-finite", "Invariant GP f(x) = Σ_g f_base(g x) over a finite group; exact or sub-sampled orbit (van der Wilk et al. 2018, eq. 7, App. B.1)",
           num_inducing=DEFAULT_NUM_INDUCING)
-def _invariant_finite(common: Common, group: FiniteGroup | None = None, num_orbit_samples: int | None = None,
-                      lengthscale=None, variance=None,
-                      pg_c: str = "closed-form", pg_recognition_hidden=None) -> ModelSpec:
-    shape = _square_image_shape(common.image_shape, common.input_dim)
+def _invariant_finite(common: Common,
+                      group: Annotated[FiniteGroup | None, "the finite group G; none: 90° rotations of square images, x1 ↔ x2 on 2-D tables"] = None,
+                      num_orbit_samples: Annotated[int | None, "orbit samples per datum; none: the whole orbit (exact)"] = None,
+                      lengthscale: Lengthscale = None,
+                      variance: Annotated[float | None, "variance of the base kernel; none: 1/|G|²"] = None,
+                      pg_c: PgTilt = "closed-form", pg_recognition_hidden: PgHidden = None) -> ModelSpec:
+    shape = common.given_image_shape()
     if group is None:
         if shape is not None and len(shape) == 2 and shape[0] == shape[1]:
             group = ImageSymmetries(shape, rotations=True, flips=False)
@@ -112,23 +99,25 @@ def _invariant_finite(common: Common, group: FiniteGroup | None = None, num_orbi
             raise InvalidArgumentError("group", "no default group for these inputs; pass a FiniteGroup (e.g. ImageSymmetries, CyclicShift)")
     orbit = FiniteOrbit(group, num_samples=num_orbit_samples)
     variance = 1.0 / group.order**2 if variance is None else variance
-    kernel = InvariantKernel(_base(common.input_dim, shape, lengthscale, variance), orbit)
+    kernel = InvariantKernel(_base(common, shape, lengthscale, variance), orbit)
     return _spec(common, "invariant-finite", kernel, shape, {"group": repr(group), "num_orbit_samples": num_orbit_samples},
                  pg_c, pg_recognition_hidden)
 
 
 def _augmented(common: Common, name: str, make_orbit, lengthscale, variance, options, pg_c, pg_recognition_hidden) -> ModelSpec:
     """An invariant model over a learned augmentation ``make_orbit(image_shape)`` of grey images."""
-    shape = _image_shape_required(common.image_shape, common.input_dim)
-    kernel = InvariantKernel(_base(common.input_dim, shape, lengthscale, variance), make_orbit(shape))
+    shape = common.required_image_shape("image augmentations need image_shape (H, W)")
+    if len(shape) != 2:
+        raise InvalidArgumentError("image_shape", f"image augmentations support grey images (H, W), got {shape}")
+    kernel = InvariantKernel(_base(common, shape, lengthscale, variance), make_orbit(shape))
     return _spec(common, name, kernel, shape, options, pg_c, pg_recognition_hidden)
 
 
 @register("invariant-rot", "GP insensitive to rotations φ ~ U(−α, α), α learned by the marginal likelihood (van der Wilk et al. 2018, §5.1)",
           num_inducing=DEFAULT_NUM_INDUCING)
-def _invariant_rot(common: Common, max_angle: float = 45.0, num_orbit_samples: int = DEFAULT_ORBIT_SAMPLES,
-                   lengthscale=None, variance: float = 1.0,
-                   pg_c: str = "closed-form", pg_recognition_hidden=None) -> ModelSpec:
+def _invariant_rot(common: Common, max_angle: Annotated[float, "initial α in degrees (learned)"] = 45.0,
+                   num_orbit_samples: OrbitSamples = DEFAULT_ORBIT_SAMPLES, lengthscale: Lengthscale = None,
+                   variance: Variance = 1.0, pg_c: PgTilt = "closed-form", pg_recognition_hidden: PgHidden = None) -> ModelSpec:
     return _augmented(common, "invariant-rot",
                       lambda shape: RotationAugmentation(shape, max_angle=max_angle, num_samples=num_orbit_samples),
                       lengthscale, variance, {"num_orbit_samples": num_orbit_samples}, pg_c, pg_recognition_hidden)
@@ -136,9 +125,13 @@ def _invariant_rot(common: Common, max_angle: float = 45.0, num_orbit_samples: i
 
 @register("invariant-affine", "GP insensitive to learned affine augmentations (general 6-parameter or interpretable) (van der Wilk et al. 2018, §5)",
           num_inducing=DEFAULT_NUM_INDUCING)
-def _invariant_affine(common: Common, parameterisation: str = "general", lower=None, upper=None,
-                      num_orbit_samples: int = DEFAULT_ORBIT_SAMPLES, lengthscale=None, variance: float = 1.0,
-                      pg_c: str = "closed-form", pg_recognition_hidden=None) -> ModelSpec:
+def _invariant_affine(common: Common,
+                      parameterisation: Annotated[Literal["general", "interpretable"],
+                                                  "6 free matrix/shift ranges, or rotation/scale/shear/shift ranges"] = "general",
+                      lower: Annotated[Ranges, "lower ends of the 6 ranges; none: small ranges around the identity"] = None,
+                      upper: Annotated[Ranges, "upper ends of the 6 ranges; none: small ranges around the identity"] = None,
+                      num_orbit_samples: OrbitSamples = DEFAULT_ORBIT_SAMPLES, lengthscale: Lengthscale = None, variance: Variance = 1.0,
+                      pg_c: PgTilt = "closed-form", pg_recognition_hidden: PgHidden = None) -> ModelSpec:
     if parameterisation == "general":
         # small symmetric ranges around the identity: ±0.05 on the matrix entries, ±1 pixel shift
         lower = (-0.05, -0.05, -0.05, -0.05, -1.0, -1.0) if lower is None else lower
@@ -159,10 +152,13 @@ def _invariant_affine(common: Common, parameterisation: str = "general", lower=N
 
 @register("invariant-deform", "GP insensitive to learned local deformations (smooth displacement field + small affine) (van der Wilk et al. 2018, §5.2)",
           num_inducing=DEFAULT_NUM_INDUCING)
-def _invariant_deform(common: Common, displacement: float = 1.0, max_angle: float = 10.0, max_log_scale: float = 0.05,
-                      max_shear: float = 0.05, smoothness: float = 3.0, num_orbit_samples: int = DEFAULT_ORBIT_SAMPLES,
-                      lengthscale=None, variance: float = 1.0,
-                      pg_c: str = "closed-form", pg_recognition_hidden=None) -> ModelSpec:
+def _invariant_deform(common: Common, displacement: Annotated[float, "initial size of the displacement field, pixels"] = 1.0,
+                      max_angle: Annotated[float, "initial rotation range, degrees"] = 10.0,
+                      max_log_scale: Annotated[float, "initial log-scale range"] = 0.05,
+                      max_shear: Annotated[float, "initial shear range"] = 0.05,
+                      smoothness: Annotated[float, "width of the Gaussian smoothing the displacement noise, pixels (fixed)"] = 3.0,
+                      num_orbit_samples: OrbitSamples = DEFAULT_ORBIT_SAMPLES, lengthscale: Lengthscale = None,
+                      variance: Variance = 1.0, pg_c: PgTilt = "closed-form", pg_recognition_hidden: PgHidden = None) -> ModelSpec:
     return _augmented(common, "invariant-deform",
                       lambda shape: LocalDeformation(shape, displacement=displacement, max_angle=max_angle,
                                                      max_log_scale=max_log_scale, max_shear=max_shear,

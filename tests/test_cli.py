@@ -162,3 +162,71 @@ def test_likelihood_option_refuses_names_and_tasks_that_do_not_fit(tmp_path, cap
     line = _error(["compare", "--data", "two-moons", "--likelihood", "nope", "--out", str(tmp_path)], capsys, 2)
     assert "'nope'" in line and "bernoulli-logit" in line
     assert not any(tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------------------- --option MODEL.KEY=VALUE
+class _StopAfterFitting(Exception):
+    """Raised by the stubbed report: the specs have reached fit, nothing more is needed."""
+
+
+@pytest.fixture
+def fitted_specs(monkeypatch):
+    """The specs `gpzoo` hands to fit (fit and report stubbed: no optimisation runs)."""
+    import importlib  # noqa: PLC0415 - the packages re-export functions named like these modules
+
+    specs = {}
+
+    def fake_fit(spec, *args, **kwargs):
+        specs[spec.name] = spec
+
+    def fake_report(*args, **kwargs):
+        raise _StopAfterFitting
+
+    monkeypatch.setattr(importlib.import_module("gpzoo.inference.fit"), "fit", fake_fit)
+    monkeypatch.setattr(importlib.import_module("gpzoo.analysis.report"), "report", fake_report)
+    monkeypatch.delenv("GPZOO_TRACEBACK", raising=False)
+    return specs
+
+
+def test_options_reach_the_specs(tmp_path, capsys, fitted_specs):
+    argv = ["compare", "--data", "rectangles", "--models", "conv,svgp-rbf", "--option", "conv.patch_shape=5x5",
+            "--option", "svgp-rbf.ard=true", "--option", "svgp-rbf.num_inducing=7", "--out", str(tmp_path / "r"), *TINY]
+    code, _, err = _run(argv, capsys)
+    assert code == 1 and "_StopAfterFitting" in err  # the stubbed report stopped the run after fitting
+    assert fitted_specs["conv"].kernel.patch_shape == (5, 5) and fitted_specs["conv"].options["patch_shape"] == (5, 5)
+    assert fitted_specs["svgp-rbf"].kernel.lengthscale.shape == (28 * 28,)
+    assert (fitted_specs["svgp-rbf"].num_inducing, fitted_specs["conv"].num_inducing) == (7, 6)  # --num-inducing 6 elsewhere
+    code, _, _ = _run(["fit", "--data", "two-moons", "--model", "svgp-rbf", "--option", "svgp-rbf.lengthscale=0.5,2",
+                       "--out", str(tmp_path / "m"), *TINY], capsys)
+    assert code == 1 and list(fitted_specs["svgp-rbf"].kernel.lengthscale) == [0.5, 2.0]
+
+
+@pytest.mark.parametrize("option, named", [
+    ("conv.patch_shape=5y5", "patch_shape"),         # bad value
+    ("conv.bogus=1", "bogus"),                       # unknown key
+    ("svgp-rbf.ard=true", "svgp-rbf"),               # model not in --models
+    ("conv.image_shape=4x4", "image_shape"),         # a dataset fact
+    ("conv.likelihood=gaussian", "likelihood"),      # has its own flag
+    ("conv.patch_shape=40x40", "patch_shape"),       # parses, but does not fit the images
+    ("conv", "MODEL.KEY=VALUE"),                     # malformed
+])
+def test_bad_options_are_usage_errors_before_any_fitting(option, named, tmp_path, capsys, fitted_specs):
+    line = _error(["compare", "--data", "rectangles", "--models", "conv", "--option", option, "--out", str(tmp_path), *TINY],
+                  capsys, 2)
+    assert "--option" in line and named in line
+    assert not fitted_specs and not any(tmp_path.iterdir())
+
+
+def test_image_model_with_options_on_tabular_data_says_it_needs_images(tmp_path, capsys, fitted_specs):
+    line = _error(["fit", "--data", "two-moons", "--model", "conv", "--option", "conv.patch_shape=5x5", "--out", str(tmp_path)],
+                  capsys, 2)
+    assert "needs image data" in line and "two-moons" in line and not fitted_specs
+
+
+def test_list_options_shows_each_model_declared_options(capsys):
+    code, out, _ = _run(["list", "--options"], capsys)
+    assert code == 0
+    conv = out.split("\n  conv ", 1)[1].split("\n  conv+rbf", 1)[0]
+    assert "patch_shape: tuple[int, int] = (3, 3)" in conv and "normalisation: 'mean' | 'sum' = 'mean'" in conv
+    assert "q_structure: 'full' | 'block' | 'diag' = 'block'" in out.split("\n  multichannel-conv ", 1)[1].split("\n  svgp", 1)[0]
+    assert "Options of every model" in out and "whiten: bool = True" in out

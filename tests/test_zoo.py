@@ -75,3 +75,125 @@ def test_likelihoods_by_name_serve_their_task(name):
     with pytest.raises(InvalidArgumentError) as info:
         zoo.likelihood_from_name(name, other, num_classes=4)
     assert info.value.argument == "likelihood"
+
+
+# ----------------------------------------------------------------------------- declared options
+def _own_parameters(name):
+    import inspect  # noqa: PLC0415
+
+    from gpzoo.models.zoo_core import REGISTRY  # noqa: PLC0415
+
+    return list(inspect.signature(REGISTRY[name].builder).parameters.values())[1:]
+
+
+@pytest.mark.parametrize("name", zoo.names())
+def test_options_are_the_builder_signature_then_the_common_fields(name):
+    import typing  # noqa: PLC0415
+
+    from gpzoo.models.zoo_core import REGISTRY  # noqa: PLC0415
+
+    options = zoo.options(name)
+    own = [o for o in options if o.kind == "model"]
+    params = _own_parameters(name)
+    hints = typing.get_type_hints(REGISTRY[name].builder)  # Annotated[...] stripped
+    assert [o.name for o in own] == [p.name for p in params]
+    assert [o.default for o in own] == [p.default for p in params]
+    assert [o.type for o in own] == [hints[p.name] for p in params]
+    assert all(o.help for o in own), [o.name for o in own if not o.help]
+    assert [o.name for o in options if o.kind != "model"] == [f.name for f in dataclasses.fields(zoo.Common)]
+    assert {o.name for o in options if o.kind == "dataset"} == set(zoo.DATASET_FACTS)
+
+
+def test_option_defaults_include_the_model_common_defaults():
+    by_name = {o.name: o for o in zoo.options("svgp-rbf")}
+    assert by_name["num_inducing"].default == 32 and by_name["ard"].default is False
+    assert {o.name: o for o in zoo.options("multichannel-conv")}["q_structure"].default == "block"
+    assert {o.name: o for o in zoo.options("conv")}["patch_shape"].type == tuple[int, int]
+
+
+@pytest.mark.parametrize("name, key, text, expected", [
+    ("conv", "patch_shape", "5x5", (5, 5)),
+    ("conv", "patch_shape", "5,4", (5, 4)),
+    ("conv", "patch_shape", "(5, 5)", (5, 5)),
+    ("conv", "num_inducing", "8", 8),
+    ("conv", "lengthscale", "0.25", 0.25),
+    ("conv", "lengthscale", "none", None),
+    ("conv", "variance", "None", None),
+    ("conv", "products", "conv", "conv"),
+    ("conv", "q_structure", "diag", "diag"),
+    ("conv", "inducing_init", "kmeans", "kmeans"),
+    ("svgp-rbf", "lengthscale", "2", 2.0),
+    ("svgp-rbf", "lengthscale", "0.5,1,2", (0.5, 1.0, 2.0)),
+    ("invariant-rot", "pg_recognition_hidden", "16,8", (16, 8)),
+    ("invariant-finite", "num_orbit_samples", "none", None),
+    ("invariant-affine", "lower", "-1,-2,-3,-4,-5,-6", (-1.0, -2.0, -3.0, -4.0, -5.0, -6.0)),
+    ("svgp-logistic-pg", "acceleration", "anderson", "anderson"),
+])
+def test_parse_option_converts_text_to_the_declared_type(name, key, text, expected):
+    value = zoo.parse_option(name, key, text)
+    assert value == expected and type(value) is type(expected)
+
+
+@pytest.mark.parametrize("text, expected", [("true", True), ("Yes", True), ("1", True), ("false", False), ("no", False), ("0", False)])
+def test_parse_option_reads_booleans(text, expected):
+    assert zoo.parse_option("svgp-rbf", "ard", text) is expected
+
+
+@pytest.mark.parametrize("name, key, text", [
+    ("conv", "patch_shape", "5"), ("conv", "patch_shape", "5x5x5"), ("conv", "patch_shape", "5y5"),
+    ("conv", "num_inducing", "1.5"), ("conv", "lengthscale", "short"), ("svgp-rbf", "ard", "maybe"),
+    ("conv", "products", "fft"), ("invariant-finite", "group", "rotations"), ("conv", "likelihood", "gaussian"),
+    ("conv", "ard", "true"),
+])
+def test_parse_option_rejects_bad_text_naming_the_option(name, key, text):
+    with pytest.raises(InvalidArgumentError) as info:
+        zoo.parse_option(name, key, text)
+    assert info.value.argument == key and key in str(info.value)
+
+
+def test_register_refuses_builders_that_do_not_declare_their_options():
+    def no_common(input_dim: int = 1):
+        raise AssertionError
+
+    def untyped(common, patch_shape=(3, 3)):
+        raise AssertionError
+
+    def no_default(common, patch_shape: tuple[int, int]):
+        raise AssertionError
+
+    def var_keyword(common, **options):
+        raise AssertionError
+
+    def shadows_common(common, num_inducing: int = 3):
+        raise AssertionError
+
+    for builder in (no_common, untyped, no_default, var_keyword, shadows_common):
+        with pytest.raises(TypeError, match="never-registered"):
+            zoo.register("never-registered", "x")(builder)
+    assert "never-registered" not in zoo.names()
+
+
+# ----------------------------------------------------------------------------- Common helpers
+def test_common_image_shape_is_given_or_a_square_checked_against_input_dim():
+    assert zoo.Common(input_dim=784).required_image_shape("needs images") == (28, 28)
+    assert zoo.Common(input_dim=48, image_shape=[4, 4, 3]).required_image_shape("needs images") == (4, 4, 3)
+    assert zoo.Common(input_dim=784).given_image_shape() is None
+    with pytest.raises(InvalidArgumentError, match="needs images") as info:
+        zoo.Common(input_dim=30).required_image_shape("needs images")
+    assert info.value.argument == "image_shape"
+    with pytest.raises(InvalidArgumentError, match="16 pixels but input_dim is 64"):
+        zoo.Common(input_dim=64, image_shape=(4, 4)).given_image_shape()
+
+
+def test_common_default_lengthscale_and_ard():
+    assert zoo.Common(input_dim=784).lengthscale(image_shape=(28, 28)) == 14.0  # √D / 2 on images
+    assert zoo.Common(input_dim=2).lengthscale() == 1.0  # tables
+    assert zoo.Common(input_dim=2).lengthscale(0.3) == 0.3
+    ard = zoo.Common(input_dim=3).lengthscale(0.3, ard=True)
+    assert ard.shape == (3,) and (ard == 0.3).all()
+    with pytest.raises(InvalidArgumentError) as info:
+        zoo.Common().lengthscale(ard=True)
+    assert info.value.argument == "input_dim"
+    assert zoo.get("svgp-rbf", input_dim=784, image_shape=(28, 28)).kernel.lengthscale == 14.0
+    assert zoo.get("conv+rbf", input_dim=784).kernel.kernels[1].lengthscale == 14.0
+    assert zoo.get("invariant-rot", image_shape=(8, 8), task="binary").kernel.base_kernel.lengthscale == 4.0
