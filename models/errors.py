@@ -47,6 +47,19 @@ class TrainingError(GPZooError, FloatingPointError):
         super().__init__(message)
 
 
+class NumericalError(TrainingError):
+    """A factorisation or a variance failed numerically (e.g. a Cholesky, a negative Nyström
+    residual). ``layer`` and ``stage`` say where; ``step`` is the training step, or ``None``
+    outside training. A subclass of ``TrainingError`` so a fit's divergence handling catches it.
+    """
+
+    def __init__(self, message: str, layer: str, stage: str, step: int | None = None, checkpoint: str | None = None):
+        self.layer = layer
+        self.stage = stage
+        where = f"{layer}, {stage}" + ("" if step is None else f", training step {step}")
+        super().__init__(f"{where}: {message}", step=step, checkpoint=checkpoint)
+
+
 def is_concrete(x) -> bool:
     """True when ``x`` holds actual numbers (not a JAX tracer)."""
     return not isinstance(x, jax_core.Tracer)

@@ -1,0 +1,704 @@
+"""Deep kernel machines (DKMs) with stochastic kernel regularisation, as a pure-JAX program.
+
+Implements Milsom, Anson, Aitchison 2024 (§2-3, Algorithm 1, App. A): fully connected and
+convolutional DKMs whose learned quantities are the inducing Gram matrices G^ℓ_ii of every layer,
+trained on the DKM objective (their eq. 2; inducing form eq. 27)
+
+    L = Σ_n E_q[log p(y_n | f_n)] − Σ_ℓ ν_ℓ KL(N(0, G^ℓ_ii) ‖ N(0, K^ℓ_ii)) − w_out Σ_c KL(N(μ_c, Σ) ‖ N(0, K^out_ii)).
+
+The intermediate KLs carry ν_ℓ because the deep GP behind a DKM has N_ℓ = N ν_ℓ features per layer
+and its prior is tempered by β = 1/N (App. A.1, eq. 12-14); the output-layer KL is not tempered
+(w_out = 1, eq. 14/27a) unless ``output_kl_weight`` says otherwise (e.g. 1/C, "per class").
+Under minibatching the likelihood sum is scaled by num_data / batch_size.
+
+One Gram layer ℓ (Algorithm 1):
+
+1. kernel nonlinearity Φ on the previous blocks (arc-cosine or normalised Gaussian, learned scale
+   and bias; :mod:`gpzoo.models.kernels.gram`);
+2. mixing C^ℓ: a convolution (conv) or a matrix (fully connected, only where widths change);
+   this gives K^ℓ = (K_ii, K_ti, diag K_tt);
+3. stochastic kernel regularisation (SKR, §3.1, eq. 4): G̃_ii ~ W(G_ii/γ, γ) + λI in training,
+   G̃_ii = G_ii + λI at test time (γ = ceil(P/4), λ = 0.1 by default);
+4. Nyström prediction (App. A.3, eq. 32): G_ti = K_ti K_ii⁻¹ G̃_ii and
+   diag G_tt = diag(K_ti K_ii⁻¹ G̃_ii K_ii⁻¹ K_it) + diag(K_tt − K_ti K_ii⁻¹ K_it), by triangular
+   solves against chol(K_ii) (never an inverse);
+5. optional batch kernel normalisation and a skip connection (convex combination).
+
+The KL uses G_ii; the next layer uses G̃_ii. G_ii = V Vᵀ with V lower triangular with a positive
+(exponentiated) diagonal; at :func:`init_params` every V is the Cholesky factor of the K it sees
+on a first, deterministic pass, so G = K in every layer (the NNGP start) and every KL is 0.
+
+Numerics (§3.2): everything runs in the dtype of the inputs (float32 end to end works). A failed
+Cholesky or a Nyström residual below −``residual_tol``·K_t is reported, with the layer and the
+stage, as a :class:`~gpzoo.models.errors.NumericalError` (never a NaN result): eagerly by
+:func:`objective` / :func:`predict`, and by :func:`train_dkm` at the training step where it
+happens (the parameters of the last good step are kept). Small negative residuals are rounding and
+are clipped to 0. The condition number of every G_ii is in the diagnostics (``aux["condition"]``).
+
+Parameters are a plain pytree (dicts and tuples of arrays), so optax and jax.jit take them as is;
+:class:`DKMConfig` holds everything static.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import weakref
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.scipy.linalg import cho_solve, solve_triangular
+
+from gpzoo.models.errors import (
+    InvalidArgumentError,
+    NumericalError,
+    ShapeError,
+    TrainingError,
+    as_float_array,
+    is_concrete,
+)
+from gpzoo.models.kernels.gram import (
+    GRAM_KERNELS,
+    GramBlocks,
+    batch_kernel_norm,
+    conv_mix,
+    conv_output_shape,
+    convex_combination,
+    dense_mix,
+    flatten_mix,
+    global_average_pool,
+    linear_input_gram,
+    patch_input_gram,
+)
+
+__all__ = [
+    "GramLayerSpec",
+    "DKMConfig",
+    "KL_FORMS",
+    "chol_factor",
+    "raw_from_chol",
+    "wishart_skr",
+    "nystrom",
+    "gram_kl",
+    "init_params",
+    "forward",
+    "objective",
+    "predict",
+    "check_numerics",
+    "gram_condition_numbers",
+    "train_dkm",
+]
+
+KL_FORMS = ("exact", "taylor_symmetric", "taylor_frobenius")
+
+
+@dataclasses.dataclass(frozen=True)
+class GramLayerSpec:
+    """One Gram layer: ``num_inducing`` P_ℓ; for conv layers a mixing filter and stride.
+
+    ``batch_norm`` adds batch kernel normalisation after the layer; ``skip_from`` (an earlier
+    layer index, −1 for the input Gram) averages this layer's output with that one's
+    (through a learned 1×1 mixing when the shapes differ), the DKM skip connection (§4.1).
+    """
+
+    num_inducing: int
+    filter_shape: tuple[int, int] = (3, 3)
+    stride: int = 1
+    batch_norm: bool = False
+    skip_from: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DKMConfig:
+    """Static description of a DKM (architecture, kernel, regularisers, numerics).
+
+    architecture: ``"fc"`` (inputs ``[N, ν₀]``) or ``"conv"`` (inputs ``[N, H, W, C]``).
+    num_input_inducing: P₀ of the input Gram (inducing inputs; conv: inducing patches of
+      ``stem_patch_shape``); default the first layer's width.
+    head (conv): ``"gap"`` (global average pooling, Milsom et al. 2024, Alg. 1) or ``"flatten"``
+      (a learned readout mixing over all locations, ``head_inducing`` outputs).
+    kernel: ``"arccos"`` or ``"normalised_gaussian"``; ``kernel_bias``: initial bias.
+    nu: ν per layer (one float for all); skr: Wishart sampling on/off in training;
+    skr_gamma: γ (None: ceil(P_ℓ/4)); skr_jitter: λ, added to G̃ in training and test alike
+    (``skr=False`` with λ > 0 is the paper's "no SKR but keep jitter" ablation). kl: one of :data:`KL_FORMS` (see :func:`gram_kl`).
+    output_kl_weight: w_out (1: untempered, eq. 14). kernel_jitter: added to every K_ii as
+    ``kernel_jitter · mean(diag K_ii) · I`` (named and reported in ``aux["jitter"]``).
+    residual_tol: relative tolerance of negative Nyström residuals (None: 10·√eps of the dtype).
+    record_condition: also compute cond(G_ii) inside the traced program (an SVD per layer, which
+    roughly doubles compile time); :func:`train_dkm` records them on the host instead.
+    """
+
+    layers: tuple[GramLayerSpec, ...]
+    likelihood: Any
+    num_outputs: int
+    architecture: str = "fc"
+    num_input_inducing: int | None = None
+    stem_patch_shape: tuple[int, int] = (3, 3)
+    head: str = "gap"
+    head_inducing: int | None = None
+    kernel: str = "arccos"
+    kernel_bias: float = 0.1
+    nu: float | tuple[float, ...] = 1e-3
+    skr: bool = True
+    skr_gamma: int | tuple[int, ...] | None = None
+    skr_jitter: float = 0.1
+    kl: str = "taylor_symmetric"
+    output_kl_weight: float = 1.0
+    kernel_jitter: float = 1e-6
+    residual_tol: float | None = None
+    batch_norm_mode: str = "local"
+    record_condition: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "layers", tuple(self.layers))
+        if not self.layers:
+            raise InvalidArgumentError("layers", "a DKM needs at least one Gram layer")
+        for name, value, allowed in (
+            ("architecture", self.architecture, ("fc", "conv")),
+            ("head", self.head, ("gap", "flatten")),
+            ("kernel", self.kernel, tuple(GRAM_KERNELS)),
+            ("kl", self.kl, KL_FORMS),
+            ("batch_norm_mode", self.batch_norm_mode, ("local", "image")),
+        ):
+            if value not in allowed:
+                raise InvalidArgumentError(name, f"must be one of {allowed}, got {value!r}")
+        for i, spec in enumerate(self.layers):
+            if spec.num_inducing < 1:
+                raise InvalidArgumentError(f"layers[{i}].num_inducing", f"must be >= 1, got {spec.num_inducing}")
+            if spec.skip_from is not None and not -1 <= spec.skip_from < i:
+                raise InvalidArgumentError(f"layers[{i}].skip_from", f"must be in [-1, {i - 1}], got {spec.skip_from}")
+            if self.architecture == "conv" and any(k % 2 == 0 for k in spec.filter_shape):
+                raise InvalidArgumentError(f"layers[{i}].filter_shape", f"must be odd, got {spec.filter_shape}")
+        if self.head == "flatten" and self.architecture == "conv" and not self.head_inducing:
+            raise InvalidArgumentError("head_inducing", "the flatten head needs its number of inducing outputs")
+        if self.skr_jitter < 0 or self.kernel_jitter < 0:
+            raise InvalidArgumentError("skr_jitter", "jitters must be >= 0")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def layer_nu(self, index: int) -> float:
+        return float(self.nu[index] if isinstance(self.nu, (tuple, list)) else self.nu)
+
+    def layer_gamma(self, index: int) -> int:
+        g = self.skr_gamma
+        if g is None:
+            return math.ceil(self.layers[index].num_inducing / 4)
+        return int(g[index] if isinstance(g, (tuple, list)) else g)
+
+    @property
+    def input_inducing(self) -> int:
+        return self.num_input_inducing or self.layers[0].num_inducing
+
+
+def _layer_name(index: int) -> str:
+    return f"layer {index + 1}"
+
+
+# --------------------------------------------------------------------------- parameterisation
+
+
+def chol_factor(raw):
+    """Lower-triangular V with positive diagonal from an unconstrained ``raw [P, P]``.
+
+    V = (tril(raw, −1) + diag(exp(diag raw))) / √P, so G = V Vᵀ; the 1/√P keeps the learned
+    entries O(1) for the optimiser.
+    """
+    P = raw.shape[-1]
+    return (jnp.tril(raw, -1) + jnp.diag(jnp.exp(jnp.diagonal(raw)))) / math.sqrt(P)  # [P, P]
+
+
+def raw_from_chol(L):
+    """Inverse of :func:`chol_factor`: the ``raw [P, P]`` whose factor is the Cholesky factor L."""
+    P = L.shape[-1]
+    scaled = L * math.sqrt(P)  # [P, P]
+    return jnp.tril(scaled, -1) + jnp.diag(jnp.log(jnp.diagonal(scaled)))
+
+
+# --------------------------------------------------------------------------- SKR, Nyström, KL
+
+
+def wishart_skr(key, G_chol, gamma: int, jitter: float, train: bool = True):
+    """Stochastic kernel regularisation (Milsom et al. 2024, eq. 4 and §3.1).
+
+    train: G̃ = (1/γ) (V E)(V E)ᵀ + λI with E ``[P, γ]`` standard normal, i.e. a draw of
+    W(G/γ, γ) + λI for G = V Vᵀ (V = ``G_chol [P, P]``): mean G + λI, Var(G̃_ij) =
+    (G_ij² + G_ii G_jj)/γ, and rank(G̃ − λI) = min(γ, P) (γ < P is allowed, §3.1: the jitter λ
+    keeps G̃ positive definite). Test time (``train=False``): G + λI, deterministic.
+    """
+    P = G_chol.shape[-1]
+    eye = jnp.eye(P, dtype=G_chol.dtype)
+    if not train:
+        return G_chol @ G_chol.T + jitter * eye  # [P, P]
+    E = jax.random.normal(key, (P, gamma), G_chol.dtype)  # [P, γ]
+    F = G_chol @ E  # [P, γ]
+    return F @ F.T / gamma + jitter * eye  # [P, P]
+
+
+def default_residual_tol(dtype) -> float:
+    return 10.0 * float(np.sqrt(np.finfo(dtype).eps))
+
+
+def nystrom(K_chol, K_ti, K_t, G_tilde, residual_tol: float | None = None):
+    """Nyström prediction of the train/test blocks (Milsom et al. 2024, eq. 32 / Algorithm 1).
+
+    K_chol ``[P, P]`` = chol(K_ii), K_ti ``[B, *S, P]``, K_t ``[B, *S]``, G_tilde ``[P, P]``.
+    With X = L⁻¹ K_itᵀ and M = L⁻¹ G̃ L⁻ᵀ (triangular solves only):
+
+        G_ti = Xᵀ (L⁻¹ G̃)                      = K_ti K_ii⁻¹ G̃_ii
+        G_t  = diag(Xᵀ M X) + (K_t − ‖X‖²)        = diag(K_ti K⁻¹ G̃ K⁻¹ K_it) + diag K_tt·i
+
+    Returns ``(GramBlocks(G_tilde, G_ti, G_t), checks)``; ``checks["residual_ok"]`` is False when
+    some residual K_tt·i < −residual_tol · K_t (rounding above that is clipped to 0).
+    """
+    shape = K_ti.shape  # [B, *S, P]
+    P = shape[-1]
+    tol = default_residual_tol(K_ti.dtype) if residual_tol is None else residual_tol
+    X = solve_triangular(K_chol, K_ti.reshape(-1, P).T, lower=True)  # [P, N'] with N' = B·|S|
+    A = solve_triangular(K_chol, G_tilde, lower=True)  # [P, P] = L⁻¹ G̃
+    M = solve_triangular(K_chol, A.T, lower=True)  # [P, P] = L⁻¹ G̃ L⁻ᵀ
+    G_ti = (X.T @ A).reshape(shape)  # [B, *S, P]
+    k_t = K_t.reshape(-1)  # [N']
+    residual = k_t - jnp.sum(X * X, axis=0)  # [N']
+    ratio = residual / jnp.maximum(jnp.abs(k_t), jnp.finfo(k_t.dtype).tiny)  # [N']
+    quad = jnp.sum((M @ X) * X, axis=0)  # [N']
+    G_t = (quad + jnp.maximum(residual, 0.0)).reshape(K_t.shape)  # [B, *S]
+    checks = {"min_residual": jnp.min(ratio), "residual_ok": jnp.min(ratio) >= -tol}
+    return GramBlocks(G_tilde, G_ti, G_t), checks
+
+
+def gram_kl(G_chol, K_chol, K, form: str = "taylor_symmetric"):
+    """KL(N(0, G) ‖ N(0, K)) for G = V Vᵀ (V = ``G_chol``), K = L Lᵀ (``K_chol``), all ``[P, P]``.
+
+    ``"exact"``: ½[tr(K⁻¹G) − P + log|K| − log|G|], tr(K⁻¹G) = ‖L⁻¹V‖²_F, log-determinants
+    from the factors' diagonals.
+
+    The Taylor forms (Milsom et al. 2024, §3.2, eq. 5-8) expand in the eigenvalues λ_i of G⁻¹K
+    around 1: KL = ½ Σ_i (1/λ_i − 1 + log λ_i) = ¼ Σ_i (λ_i − 1)² + O((λ − 1)³). The paper's
+    eq. 5 drops the ½ of the Gaussian KL, so its eq. 8 reads ½‖G⁻¹K − I‖²_F; here both forms are in
+    KL units (the ¼), so they can be compared with the exact KL and share one ν.
+
+    * ``"taylor_frobenius"`` — the paper's eq. 8: ¼‖G⁻¹K − I‖²_F (G⁻¹K by ``cho_solve`` on V).
+      ‖A − I‖²_F = Σ(λ_i − 1)² only when A = G⁻¹K is normal, i.e. when G and K commute;
+      otherwise it is larger (Schur's inequality), an extra penalty on non-commuting G.
+    * ``"taylor_symmetric"`` (the default) — the true second-order term ¼‖V⁻¹ K V⁻ᵀ − I‖²_F:
+      V⁻¹KV⁻ᵀ is symmetric with the eigenvalues of G⁻¹K, so this equals ¼ Σ(λ_i − 1)² exactly.
+      Same cost (two triangular solves against V) and, like eq. 8, it only ever factorises and
+      differentiates through the learned factor V, never through K (the paper's stability reason).
+
+    Measured difference (float64; ``P = 32`` inducing points: K = arc-cosine kernel on a
+    random-feature Gram ``X Xᵀ/8`` of 32 Gaussian points in 8 dimensions, plus 1e-6·I, cond(K) ≈ 4e3;
+    G = L(I + εS)Lᵀ with S = (E + Eᵀ)/(2√P), E standard normal, so G⁻¹K does not commute with K):
+    for ε = 0.05 the exact KL is 0.0189, symmetric Taylor 0.0188 (−0.6 %), Frobenius 0.172 (9.1×);
+    for ε = 0.01: 7.49e-4, 7.49e-4 (−0.1 %), 6.85e-3 (9.1×). The excess of the Frobenius form grows
+    with cond(K) (the non-normality of G⁻¹K), not with the size of the perturbation.
+    """
+    P = K.shape[-1]
+    eye = jnp.eye(P, dtype=K.dtype)
+    if form == "exact":
+        trace = jnp.sum(solve_triangular(K_chol, G_chol, lower=True) ** 2)  # tr(K⁻¹G)
+        logdet_K = 2.0 * jnp.sum(jnp.log(jnp.diagonal(K_chol)))
+        logdet_G = 2.0 * jnp.sum(jnp.log(jnp.diagonal(G_chol)))
+        return 0.5 * (trace - P + logdet_K - logdet_G)
+    if form == "taylor_frobenius":
+        D = cho_solve((G_chol, True), K) - eye  # [P, P] = G⁻¹K − I
+        return 0.25 * jnp.sum(D * D)
+    if form == "taylor_symmetric":
+        A = solve_triangular(G_chol, K, lower=True)  # [P, P] = V⁻¹K
+        D = solve_triangular(G_chol, A.T, lower=True) - eye  # [P, P] = V⁻¹KV⁻ᵀ − I
+        return 0.25 * jnp.sum(D * D)
+    raise InvalidArgumentError("kl", f"must be one of {KL_FORMS}, got {form!r}")
+
+
+# --------------------------------------------------------------------------- input checks
+
+
+def _check_inputs(config: DKMConfig, X, y=None):
+    """Eager shape/dtype checks naming the argument; skipped under tracing."""
+    if not is_concrete(X):
+        return
+    expected = 2 if config.architecture == "fc" else 4
+    arr = as_float_array(X, "X", ndim=expected)
+    if arr.shape[0] < 1:
+        raise ShapeError("X", "needs at least one row")
+    if y is not None and is_concrete(y):
+        y_arr = np.asarray(y)
+        if y_arr.shape[0] != arr.shape[0]:
+            raise ShapeError("y", f"has {y_arr.shape[0]} rows but X has {arr.shape[0]}")
+        config.likelihood.validate_targets(y_arr)
+
+
+# --------------------------------------------------------------------------- the forward program
+
+
+def _input_gram(params, config: DKMConfig, X) -> GramBlocks:
+    if config.architecture == "fc":
+        return linear_input_gram(params["inducing_inputs"], X)  # ii [P0,P0], ti [B,P0], t [B]
+    return patch_input_gram(params["inducing_inputs"], X)  # ii [P0,P0], ti [B,H,W,P0], t [B,H,W]
+
+
+def _mix(config: DKMConfig, weights, G: GramBlocks, stride: int) -> GramBlocks:
+    scaled = weights / math.sqrt(weights.shape[-2])  # learned entries O(1); C ~ 1/√P_in
+    return conv_mix(G, scaled, stride) if config.architecture == "conv" else dense_mix(G, scaled)
+
+
+def _layer_prior(lp, spec: GramLayerSpec, config: DKMConfig, G_prev: GramBlocks) -> GramBlocks:
+    """Φ then mixing: the prior kernel K^ℓ of layer ℓ from the previous blocks."""
+    Phi = GRAM_KERNELS[config.kernel](G_prev, jnp.exp(lp["log_scale"]), jnp.exp(lp["log_bias"]))
+    if "mix" in lp:
+        return _mix(config, lp["mix"], Phi, spec.stride)
+    return Phi
+
+
+def _jittered(K_ii, rel_jitter: float):
+    P = K_ii.shape[-1]
+    jitter = rel_jitter * jnp.mean(jnp.diagonal(K_ii))
+    return K_ii + jitter * jnp.eye(P, dtype=K_ii.dtype), jitter
+
+
+def _cond_from_chol(V):
+    s = jnp.linalg.svd(jax.lax.stop_gradient(V), compute_uv=False)  # [P]
+    return (s[0] / s[-1]) ** 2
+
+
+def forward(params, config: DKMConfig, X, key=None, train: bool = False, *, _init: bool = False):
+    """Propagate a batch through every layer. Returns ``(out, aux)`` (traceable, no host checks).
+
+    out: ``f_mean [B, C]`` and ``f_var [B]`` of the output GP (shared across classes) and
+    ``blocks`` (the last Gram layer's blocks before the head). aux: per layer ``checks``, ``kl``,
+    ``jitter``, ``K_ii`` (the prior covariance the KL compares G_ii with) and, if
+    ``record_condition``, ``condition`` = cond(G_ii).
+    With ``_init=True`` every V (and Σ of the output layer) is set to chol of the K it sees, and
+    the updated parameters are returned in ``out["params"]`` (the NNGP start).
+    """
+    if train and key is None:
+        raise InvalidArgumentError("key", "training mode samples the SKR Wishart noise and needs a PRNG key")
+    keys = jax.random.split(key, config.num_layers) if train else [None] * config.num_layers
+    aux = {"checks": {}, "kl": {}, "jitter": {}, "condition": {}, "K_ii": {}}
+    new_layers = []
+    G = _input_gram(params, config, X)
+    history = {-1: G}
+    for index, spec in enumerate(config.layers):
+        name = _layer_name(index)
+        lp = dict(params["layers"][index])
+        K = _layer_prior(lp, spec, config, G)  # ii [P,P], ti [B,*S,P], t [B,*S]
+        K_ii, jitter = _jittered(K.ii, config.kernel_jitter)
+        L = jnp.linalg.cholesky(K_ii)  # [P, P]
+        if _init:
+            lp["V"] = raw_from_chol(L)
+        V = chol_factor(lp["V"])  # [P, P]
+        G_tilde = wishart_skr(keys[index], V, config.layer_gamma(index), config.skr_jitter,
+                              train=train and config.skr)  # [P, P]
+        G, checks = nystrom(L, K.ti, K.t, G_tilde, config.residual_tol)
+        checks["chol_ok"] = jnp.all(jnp.isfinite(L))
+        aux["checks"][name] = checks
+        aux["kl"][name] = gram_kl(V, L, K_ii, config.kl)
+        aux["jitter"][name] = jitter
+        aux["K_ii"][name] = K_ii  # [P, P], the prior covariance of G_ii (jitter included)
+        if config.record_condition:
+            aux["condition"][name] = _cond_from_chol(V)
+        if spec.batch_norm:
+            G = batch_kernel_norm(G, lp["bn_log_scale_inducing"], lp["bn_log_scale_data"], config.batch_norm_mode)
+        if spec.skip_from is not None:
+            shortcut = history[spec.skip_from]
+            if "skip_mix" in lp:
+                shortcut = _mix(config, lp["skip_mix"], shortcut, _skip_stride(shortcut, G))
+            G = convex_combination(G, shortcut, 0.5)
+        history[index] = G
+        new_layers.append(lp)
+
+    out = {"blocks": G}
+    if config.architecture == "conv":
+        if config.head == "gap":
+            G, head_checks = global_average_pool(G, config.kernel_jitter * jnp.mean(jnp.diagonal(G.ii)))
+            aux["checks"]["head"] = {
+                "chol_ok": head_checks["chol_ok"],
+                "min_residual": head_checks["min_residual"],
+                "residual_ok": head_checks["min_residual"] >= -(
+                    default_residual_tol(G.ti.dtype) if config.residual_tol is None else config.residual_tol),
+            }
+        else:
+            G = flatten_mix(G, params["head_mix"] / math.sqrt(params["head_mix"].shape[-2]))
+
+    op = dict(params["output"])
+    K = GRAM_KERNELS[config.kernel](G, jnp.exp(op["log_scale"]), jnp.exp(op["log_bias"]))  # ii [P,P], ti [B,P], t [B]
+    K_ii, jitter = _jittered(K.ii, config.kernel_jitter)
+    L = jnp.linalg.cholesky(K_ii)  # [P, P]
+    if _init:
+        op["V"] = raw_from_chol(L)
+    S_chol = chol_factor(op["V"])  # [P, P], Σ = S Sᵀ shared by the classes
+    X_s = solve_triangular(L, K.ti.T, lower=True)  # [P, B]
+    mu_s = solve_triangular(L, op["mu"], lower=True)  # [P, C]
+    Y = solve_triangular(L, S_chol, lower=True)  # [P, P]
+    residual = K.t - jnp.sum(X_s * X_s, axis=0)  # [B]
+    tol = default_residual_tol(K.t.dtype) if config.residual_tol is None else config.residual_tol
+    ratio = residual / jnp.maximum(jnp.abs(K.t), jnp.finfo(K.t.dtype).tiny)  # [B]
+    out["f_mean"] = X_s.T @ mu_s  # [B, C]
+    out["f_var"] = jnp.maximum(residual, 0.0) + jnp.sum((Y.T @ X_s) ** 2, axis=0)  # [B]
+    num_classes = op["mu"].shape[-1]
+    kl_out = num_classes * gram_kl(S_chol, L, K_ii, config.kl) + 0.5 * jnp.sum(mu_s * mu_s)
+    aux["checks"]["output"] = {
+        "chol_ok": jnp.all(jnp.isfinite(L)),
+        "min_residual": jnp.min(ratio),
+        "residual_ok": jnp.min(ratio) >= -tol,
+    }
+    aux["kl"]["output"] = kl_out
+    aux["jitter"]["output"] = jitter
+    if _init:
+        new = dict(params)
+        new["layers"] = tuple(new_layers)
+        new["output"] = op
+        out["params"] = new
+    return out, aux
+
+
+def _skip_stride(shortcut: GramBlocks, G: GramBlocks) -> int:
+    if shortcut.t.ndim == 1:
+        return 1
+    return max(1, shortcut.t.shape[1] // G.t.shape[1])
+
+
+# --------------------------------------------------------------------------- initialisation
+
+
+def init_params(key, config: DKMConfig, X_init):
+    """Parameters at the NNGP start: G^ℓ_ii = K^ℓ_ii in every layer, every KL term 0.
+
+    X_init: training inputs (``[N, ν₀]`` or ``[N, H, W, C]``) from which inducing inputs (rows,
+    or patches) are drawn; their dtype is the parameters' dtype. Kernel scales start at 1 and
+    biases at ``kernel_bias``; mixing weights are standard normal (scaled by 1/√P_in in use);
+    output means μ start at 0 and Σ at K^out_ii. The V's are then set by one deterministic
+    (test-mode) pass over the inducing points, layer by layer, each to chol(K^ℓ_ii + jitter·I)
+    of the K it sees — the same code path as prediction, so G = K holds exactly as used.
+    """
+    _check_inputs(config, X_init)
+    X_init = jnp.asarray(X_init)
+    dtype = X_init.dtype
+    k_inducing, k_mix, k_skip, k_head = jax.random.split(key, 4)
+    P0 = config.input_inducing
+    N = X_init.shape[0]
+    if config.architecture == "fc":
+        rows = jax.random.choice(k_inducing, N, (P0,), replace=N < P0)
+        inducing = X_init[rows]  # [P0, ν₀]
+        if N < P0:  # duplicated rows would make the input Gram singular
+            inducing = inducing + 1e-3 * jax.random.normal(k_inducing, inducing.shape, dtype)
+        spatial = ()
+    else:
+        kh, kw = config.stem_patch_shape
+        H, W = X_init.shape[1:3]
+        padded = jnp.pad(X_init, ((0, 0), (kh // 2, kh // 2), (kw // 2, kw // 2), (0, 0)))
+        kn, kr, kc = jax.random.split(k_inducing, 3)
+        n = jax.random.randint(kn, (P0,), 0, N)
+        r = jax.random.randint(kr, (P0,), 0, H)
+        c = jax.random.randint(kc, (P0,), 0, W)
+        inducing = jax.vmap(lambda i, a, b: jax.lax.dynamic_slice(padded[i], (a, b, 0), (kh, kw, X_init.shape[3])))(n, r, c)
+        inducing = inducing + 1e-2 * jax.random.normal(kn, inducing.shape, dtype)  # [P0, kh, kw, C], distinct
+        spatial = (H, W)
+
+    zero = jnp.zeros((), dtype)
+    log_bias = jnp.log(jnp.asarray(config.kernel_bias, dtype))
+    layers = []
+    widths = {-1: P0}
+    shapes = {-1: spatial}
+    mix_keys = jax.random.split(k_mix, config.num_layers)
+    skip_keys = jax.random.split(k_skip, config.num_layers)
+    for index, spec in enumerate(config.layers):
+        P_in, P = widths[index - 1], spec.num_inducing
+        lp = {"log_scale": zero, "log_bias": log_bias, "V": jnp.zeros((P, P), dtype)}
+        if config.architecture == "conv":
+            kh, kw = spec.filter_shape
+            lp["mix"] = jax.random.normal(mix_keys[index], (kh, kw, P_in, P), dtype)
+            shapes[index] = conv_output_shape(shapes[index - 1], spec.filter_shape, spec.stride)
+        else:
+            if P != P_in:
+                lp["mix"] = jax.random.normal(mix_keys[index], (P_in, P), dtype)
+            shapes[index] = ()
+        if spec.batch_norm:
+            lp["bn_log_scale_inducing"] = zero
+            lp["bn_log_scale_data"] = zero
+        if spec.skip_from is not None:
+            src = spec.skip_from
+            if widths[src] != P or shapes[src] != shapes[index]:
+                if config.architecture == "conv":
+                    lp["skip_mix"] = jax.random.normal(skip_keys[index], (1, 1, widths[src], P), dtype)
+                else:
+                    lp["skip_mix"] = jax.random.normal(skip_keys[index], (widths[src], P), dtype)
+        widths[index] = P
+        layers.append(lp)
+
+    P_last = widths[config.num_layers - 1]
+    params = {"inducing_inputs": inducing, "layers": tuple(layers)}
+    P_out = P_last
+    if config.architecture == "conv" and config.head == "flatten":
+        H_L, W_L = shapes[config.num_layers - 1]
+        params["head_mix"] = jax.random.normal(k_head, (H_L, W_L, P_last, config.head_inducing), dtype)
+        P_out = config.head_inducing
+    params["output"] = {
+        "log_scale": zero,
+        "log_bias": log_bias,
+        "mu": jnp.zeros((P_out, config.num_outputs), dtype),
+        "V": jnp.zeros((P_out, P_out), dtype),
+    }
+    out, aux = forward(params, config, X_init[:1], train=False, _init=True)
+    check_numerics(aux)
+    return out["params"]
+
+
+# --------------------------------------------------------------------------- objective, prediction
+
+
+def check_numerics(aux, step: int | None = None) -> None:
+    """Raise :class:`NumericalError` naming the layer and stage of the first failed check."""
+    for layer, checks in aux["checks"].items():
+        if not bool(checks["chol_ok"]):
+            stage = "Cholesky of the pooled inducing block G_ii" if layer == "head" else "Cholesky of K_ii"
+            raise NumericalError("the factorisation failed (matrix not positive definite in this precision)",
+                                 layer=layer, stage=stage, step=step)
+        if not bool(checks["residual_ok"]):
+            raise NumericalError(
+                f"negative Nyström residual diag(K_tt − K_ti K_ii⁻¹ K_it): smallest relative value "
+                f"{float(checks['min_residual']):.3e}",
+                layer=layer, stage="Nyström residual", step=step)
+
+
+def _nu_array(config: DKMConfig, nu, dtype):
+    if nu is None:
+        nu = [config.layer_nu(i) for i in range(config.num_layers)]
+    return jnp.broadcast_to(jnp.asarray(nu, dtype), (config.num_layers,))
+
+
+def objective(params, config: DKMConfig, X, y, num_data: int, key, train: bool = True, nu=None):
+    """The DKM objective (Milsom et al. 2024, eq. 2 / 27) on a minibatch, full-data scale.
+
+    value = (num_data / B) Σ_b E_q[log p(y_b | f_b)] − Σ_ℓ ν_ℓ KL_ℓ − w_out KL_out, with SKR
+    sampling when ``train``. Returns ``(value, aux)``; aux adds ``ell`` (the scaled likelihood
+    term) to the diagnostics of :func:`forward`. Called on concrete arrays it checks inputs and
+    numerics eagerly and raises typed errors; under ``jit`` the caller checks ``aux``.
+    ``nu`` (optional, ``[L]`` or scalar, may be traced) overrides ``config.nu``.
+    """
+    _check_inputs(config, X, y)
+    if num_data < 1:
+        raise InvalidArgumentError("num_data", f"must be a positive integer, got {num_data}")
+    k_forward, k_lik = jax.random.split(key)
+    out, aux = forward(params, config, X, k_forward, train=train)
+    C = out["f_mean"].shape[-1]
+    f_var = jnp.broadcast_to(out["f_var"][:, None], (out["f_var"].shape[0], C))  # [B, C]
+    ell = jnp.sum(config.likelihood.variational_expectation(y, out["f_mean"], f_var, k_lik))
+    B = X.shape[0]
+    ell = ell * (num_data / B)
+    nus = _nu_array(config, nu, ell.dtype)  # [L]
+    kl_layers = sum(nus[i] * aux["kl"][_layer_name(i)] for i in range(config.num_layers))
+    value = ell - kl_layers - config.output_kl_weight * aux["kl"]["output"]
+    aux["ell"] = ell
+    if is_concrete(value):
+        check_numerics(aux)
+        if not bool(jnp.isfinite(value)):
+            raise TrainingError("the DKM objective is not finite", step=None)
+    return value, aux
+
+
+def predict(params, config: DKMConfig, X, key=None):
+    """Predictive moments in test mode (G̃ = G + λI, no sampling).
+
+    Returns a dict: ``f_mean [B, C]``, ``f_var [B, C]`` (the output GP's marginals), and, for
+    classification likelihoods, ``probs [B, C]`` (Monte Carlo over f for the softmax; ``key``
+    optional), otherwise ``y_mean``/``y_var``. Raises typed errors on failed numerics.
+    """
+    _check_inputs(config, X)
+    out, aux = forward(params, config, X, train=False)
+    if is_concrete(out["f_mean"]):
+        check_numerics(aux)
+    C = out["f_mean"].shape[-1]
+    f_var = jnp.broadcast_to(out["f_var"][:, None], (out["f_var"].shape[0], C))  # [B, C]
+    result = {"f_mean": out["f_mean"], "f_var": f_var}
+    lik = config.likelihood
+    if hasattr(lik, "predict_probs") and lik.task in ("binary", "multiclass"):
+        result["probs"] = lik.predict_probs(out["f_mean"], f_var, key)
+    else:
+        result["y_mean"], result["y_var"] = lik.predict_mean_and_var(out["f_mean"], f_var)
+    return result
+
+
+def gram_condition_numbers(params) -> dict[str, float]:
+    """cond(G^ℓ_ii) = (σ_max(V)/σ_min(V))² of every learned Gram matrix (host SVD of the factor)."""
+    result = {}
+    for i, lp in enumerate(params["layers"]):
+        s = np.linalg.svd(np.asarray(chol_factor(lp["V"]), dtype=np.float64), compute_uv=False)
+        result[_layer_name(i)] = float((s[0] / s[-1]) ** 2)
+    return result
+
+
+# --------------------------------------------------------------------------- a minimal trainer
+
+
+_STEP_CACHE: "weakref.WeakKeyDictionary[DKMConfig, dict]" = weakref.WeakKeyDictionary()
+
+
+def _train_step(config: DKMConfig, num_data: int, batch_size: int, b1: float, b2: float):
+    """The jitted Adam step for one config and data size, compiled once and cached per config.
+
+    ν and the learning rate are arguments, so runs that differ only in them share the compile.
+    """
+    cache = _STEP_CACHE.setdefault(config, {})
+    cache_key = (num_data, batch_size, b1, b2)
+    if cache_key in cache:
+        return cache[cache_key]
+    adam = optax.scale_by_adam(b1=b1, b2=b2)
+
+    def loss_fn(p, Xb, yb, k, nu):
+        value, aux = objective(p, config, Xb, yb, num_data, k, train=True, nu=nu)
+        return -value / num_data, aux
+
+    @jax.jit
+    def step(p, state, k, X, y, nu, learning_rate):
+        k_batch, k_obj = jax.random.split(k)
+        idx = jax.random.permutation(k_batch, num_data)[:batch_size]  # [B]
+        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, X[idx], y[idx], k_obj, nu)
+        leaves_finite = [jnp.all(jnp.isfinite(g)) for g in jax.tree_util.tree_leaves(grads)]
+        checks_ok = [c["chol_ok"] & c["residual_ok"] for c in aux["checks"].values()]
+        ok = jnp.isfinite(loss) & jnp.all(jnp.stack(leaves_finite)) & jnp.all(jnp.stack(checks_ok))
+        updates, new_state = adam.update(grads, state, p)
+        new_p = jax.tree_util.tree_map(lambda a, u: a - learning_rate * u, p, updates)
+        keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa: E731
+        return keep(new_p, p), keep(new_state, state), loss, aux, ok
+
+    cache[cache_key] = (adam, step)
+    return adam, step
+
+
+def train_dkm(params, config: DKMConfig, X, y, *, steps: int, key, batch_size: int | None = None,
+              learning_rate: float = 1e-2, b1: float = 0.8, b2: float = 0.9, nu=None,
+              condition_every: int = 1):
+    """Maximise the objective with Adam (β = (0.8, 0.9), Milsom et al. 2024, §4.1), jitted steps.
+
+    Minimises −objective / num_data on random minibatches (full batch when ``batch_size`` is
+    None); ``nu`` overrides ``config.nu`` without recompiling. A step whose value or gradients are
+    not finite, or whose numerics checks fail, is not applied; the error is raised naming the step
+    (and the layer and stage when known). Returns ``(params, history)``: per-step ``loss`` and,
+    every ``condition_every`` steps (0: never), ``condition`` = (step, cond(G_ii) per layer). The full fitting loop (checkpoints, DataTree) is ``gpzoo.fit``'s job;
+    this is the small helper the tests use.
+    """
+    _check_inputs(config, X, y)
+    X, y = jnp.asarray(X), jnp.asarray(y)
+    N = X.shape[0]
+    B = N if batch_size is None else min(int(batch_size), N)
+    adam, step = _train_step(config, N, B, b1, b2)
+    opt_state = adam.init(params)
+    dtype = jax.tree_util.tree_leaves(params)[0].dtype
+    nu_arr = _nu_array(config, nu, dtype)
+    lr = jnp.asarray(learning_rate, dtype)
+    history = {"loss": [], "condition": []}
+    for i in range(steps):
+        key, k = jax.random.split(key)
+        params, opt_state, loss, aux, ok = step(params, opt_state, k, X, y, nu_arr, lr)
+        if not bool(ok):
+            check_numerics(aux, step=i)
+            raise TrainingError(f"non-finite DKM loss or gradient at step {i}", step=i)
+        history["loss"].append(float(loss))
+        if condition_every and (i + 1) % condition_every == 0:
+            history["condition"].append((i, gram_condition_numbers(params)))
+    return params, history

@@ -1,0 +1,342 @@
+"""Deep kernel machines (Milsom et al. 2024): Gram kernels, conv mixing, Nyström, SKR, KL forms.
+
+float64 throughout (conftest) except the one float32 check. Sizes are small so the module runs
+in well under a minute; configs are shared so each jitted program compiles once.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gpzoo.inference.dkm import (
+    DKMConfig,
+    GramLayerSpec,
+    chol_factor,
+    check_numerics,
+    forward,
+    gram_kl,
+    init_params,
+    nystrom,
+    objective,
+    predict,
+    raw_from_chol,
+    train_dkm,
+    wishart_skr,
+)
+from gpzoo.models.errors import NumericalError
+from gpzoo.models.kernels.gram import (
+    GramBlocks,
+    arccos_kernel,
+    conv_mix,
+    linear_input_gram,
+    normalised_gaussian_kernel,
+)
+from gpzoo.models.likelihoods import Softmax
+
+
+def _joint_gram(rng, n, dim=4):
+    F = rng.normal(size=(n, dim))
+    return F @ F.T / dim  # [n, n], rank min(n, dim)
+
+
+def _split(G_joint, P):
+    """Joint Gram of [inducing; train/test] -> GramBlocks (flat layout)."""
+    return GramBlocks(G_joint[:P, :P], G_joint[P:, :P], jnp.diagonal(G_joint)[P:])
+
+
+def _full_kernel(kernel, G_joint, **kw):
+    """Kernel of the whole joint matrix, computed by treating every point as inducing."""
+    n = G_joint.shape[0]
+    return kernel(GramBlocks(G_joint, jnp.zeros((1, n)), jnp.ones(1)), **kw).ii
+
+
+# --------------------------------------------------------------------------- kernels on Gram blocks
+
+
+def test_arccos_kernel_diagonal_and_monte_carlo():
+    rng = np.random.default_rng(0)
+    G = jnp.asarray(_joint_gram(rng, 7, dim=5))
+    P, scale, bias = 4, 1.7, 0.3
+    K = arccos_kernel(_split(G, P), scale, bias)
+    np.testing.assert_allclose(jnp.diagonal(K.ii), scale * jnp.diagonal(G)[:P] + bias, rtol=1e-12)
+    np.testing.assert_allclose(K.t, scale * jnp.diagonal(G)[P:] + bias, rtol=1e-12)
+    # off-diagonals: scale · 2 E[relu(u) relu(v)] + bias, (u, v) ~ N(0, G) by Monte Carlo
+    u = jax.random.normal(jax.random.PRNGKey(0), (400_000, 7)) @ jnp.linalg.cholesky(G + 1e-12 * jnp.eye(7)).T
+    r = jnp.maximum(u, 0.0)
+    mc = scale * 2.0 * (r.T @ r) / u.shape[0] + bias  # [7, 7]
+    np.testing.assert_allclose(K.ii, mc[:P, :P], rtol=1.5e-2)
+    np.testing.assert_allclose(K.ti, mc[P:, :P], rtol=1.5e-2)
+    # gradients stay finite on the diagonal (cos θ = 1), where arccos' derivative is infinite
+    g = jax.grad(lambda x: jnp.sum(arccos_kernel(_split(x, P)).ii))(G)
+    assert np.all(np.isfinite(g))
+
+
+def test_normalised_gaussian_is_psd_and_preserves_diagonal():
+    rng = np.random.default_rng(1)
+    G = jnp.asarray(_joint_gram(rng, 12, dim=3))  # rank-deficient PSD
+    K = _full_kernel(normalised_gaussian_kernel, G)
+    np.testing.assert_allclose(jnp.diagonal(K), jnp.diagonal(G), rtol=1e-12)
+    assert jnp.linalg.eigvalsh(K).min() > -1e-10
+    blocks = normalised_gaussian_kernel(_split(G, 5))
+    np.testing.assert_allclose(blocks.ti, K[5:, :5], rtol=1e-12)
+    np.testing.assert_allclose(blocks.t, jnp.diagonal(G)[5:], rtol=1e-12)
+
+
+# --------------------------------------------------------------------------- conv mixing
+
+
+def test_conv_mix_equals_explicit_patch_sum_with_padding_and_stride():
+    rng = np.random.default_rng(2)
+    B, H, W, P_in, P_out, k, s = 2, 5, 6, 3, 4, 3, 2
+    Phi_ti = jnp.asarray(rng.normal(size=(B, H, W, P_in)))
+    Phi_t = jnp.asarray(rng.uniform(0.5, 1.5, size=(B, H, W)))
+    Phi_ii = jnp.asarray(_joint_gram(rng, P_in, dim=6))
+    C = jnp.asarray(rng.normal(size=(k, k, P_in, P_out)))
+    K = conv_mix(GramBlocks(Phi_ii, Phi_ti, Phi_t), C, stride=s)
+    Ho, Wo = math.ceil(H / s), math.ceil(W / s)
+    assert K.ti.shape == (B, Ho, Wo, P_out) and K.t.shape == (B, Ho, Wo)
+    D = k * k
+    ti = np.zeros((B, Ho, Wo, P_out))
+    t = np.zeros((B, Ho, Wo))
+    for r in range(Ho):
+        for c in range(Wo):
+            for dr in range(k):
+                for dc in range(k):
+                    i, j = s * r + dr - k // 2, s * c + dc - k // 2
+                    if 0 <= i < H and 0 <= j < W:  # zero padding outside
+                        ti[:, r, c] += np.asarray(Phi_ti[:, i, j]) @ np.asarray(C[dr, dc]) / D
+                        t[:, r, c] += np.asarray(Phi_t[:, i, j]) / D
+    ii = sum(np.asarray(C[a, b]).T @ np.asarray(Phi_ii) @ np.asarray(C[a, b]) for a in range(k) for b in range(k)) / D
+    np.testing.assert_allclose(K.ti, ti, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(K.t, t, rtol=1e-12)
+    np.testing.assert_allclose(K.ii, ii, rtol=1e-12)
+    assert jnp.linalg.eigvalsh(K.ii).min() > -1e-10
+
+
+# --------------------------------------------------------------------------- Nyström, SKR, KL
+
+
+def test_nystrom_with_G_equal_K_returns_K():
+    rng = np.random.default_rng(3)
+    P = 6
+    K_joint = jnp.asarray(_joint_gram(rng, 15, dim=20))
+    K = _split(K_joint, P)
+    L = jnp.linalg.cholesky(K.ii)
+    G, checks = nystrom(L, K.ti, K.t, K.ii)
+    np.testing.assert_allclose(G.ti, K.ti, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(G.t, K.t, rtol=1e-10)
+    assert bool(checks["residual_ok"]) and float(checks["min_residual"]) > 0
+
+
+def test_negative_nystrom_residual_is_a_typed_error():
+    rng = np.random.default_rng(4)
+    K = _split(jnp.asarray(_joint_gram(rng, 10, dim=20)), 5)
+    _, checks = nystrom(jnp.linalg.cholesky(K.ii), K.ti, 0.5 * K.t, K.ii)  # diag too small: not PSD
+    assert not bool(checks["residual_ok"])
+    aux = {"checks": {"layer 2": {"chol_ok": jnp.array(True), **checks}}}
+    with pytest.raises(NumericalError, match="layer 2, Nyström residual") as err:
+        check_numerics(aux, step=7)
+    assert err.value.layer == "layer 2" and err.value.step == 7
+
+
+def test_wishart_skr_moments_rank_and_jitter():
+    rng = np.random.default_rng(5)
+    P, gamma, lam, draws = 5, 2, 0.1, 200_000
+    G = jnp.asarray(_joint_gram(rng, P, dim=8)) + 0.2 * jnp.eye(P)
+    V = jnp.linalg.cholesky(G)
+    keys = jax.random.split(jax.random.PRNGKey(1), draws)
+    W = jax.vmap(lambda k: wishart_skr(k, V, gamma, lam))(keys) - lam * jnp.eye(P)  # [draws, P, P]
+    mean = jnp.mean(W, axis=0)
+    assert float(jnp.linalg.norm(mean - G) / jnp.linalg.norm(G)) < 0.01
+    var = jnp.var(W, axis=0)
+    expected = (G**2 + jnp.outer(jnp.diagonal(G), jnp.diagonal(G))) / gamma
+    np.testing.assert_allclose(var / expected, np.ones((P, P)), atol=0.03)
+    one = wishart_skr(jax.random.PRNGKey(2), V, gamma, lam)
+    assert int(jnp.linalg.matrix_rank(one - lam * jnp.eye(P))) == gamma
+    assert float(jnp.linalg.eigvalsh(one).min()) >= lam - 1e-12
+    a = wishart_skr(jax.random.PRNGKey(3), V, gamma, lam, train=False)
+    b = wishart_skr(jax.random.PRNGKey(4), V, gamma, lam, train=False)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(a, G + lam * jnp.eye(P), rtol=1e-12)
+
+
+def _kernel_with_condition(rng, P, cond):
+    Q, _ = np.linalg.qr(rng.normal(size=(P, P)))
+    return jnp.asarray(Q @ np.diag(np.geomspace(1.0, 1.0 / cond, P)) @ Q.T)
+
+
+def test_exact_kl_is_zero_with_zero_gradient_at_G_equal_K():
+    rng = np.random.default_rng(6)
+    K = _kernel_with_condition(rng, 8, 1e3)
+    L = jnp.linalg.cholesky(K)
+    raw = raw_from_chol(L)
+    kl = lambda r, form: gram_kl(chol_factor(r), L, K, form)  # noqa: E731
+    for form in ("exact", "taylor_symmetric", "taylor_frobenius"):
+        assert abs(float(kl(raw, form))) < 1e-9
+        assert float(jnp.max(jnp.abs(jax.grad(kl)(raw, form)))) < 1e-7
+
+
+@pytest.mark.parametrize("cond", [1e1, 1e3, 1e5])
+def test_symmetric_taylor_kl_matches_exact_for_small_perturbations(cond):
+    rng = np.random.default_rng(7)
+    P = 12
+    K = _kernel_with_condition(rng, P, cond)
+    L = jnp.linalg.cholesky(K)
+    E = rng.normal(size=(P, P))
+    S = (E + E.T) / (2 * math.sqrt(P))
+    G = L @ (jnp.eye(P) + 0.01 * S) @ L.T  # G⁻¹K does not commute with K
+    V = jnp.linalg.cholesky(G)
+    exact = float(gram_kl(V, L, K, "exact"))
+    symmetric = float(gram_kl(V, L, K, "taylor_symmetric"))
+    frobenius = float(gram_kl(V, L, K, "taylor_frobenius"))
+    assert abs(symmetric / exact - 1.0) < 0.01
+    assert frobenius >= symmetric * (1 - 1e-9)
+
+
+def test_frobenius_form_equals_symmetric_when_G_and_K_commute():
+    rng = np.random.default_rng(8)
+    P = 10
+    Q, _ = np.linalg.qr(rng.normal(size=(P, P)))
+    K = jnp.asarray(Q @ np.diag(rng.uniform(0.5, 2.0, P)) @ Q.T)
+    G = jnp.asarray(Q @ np.diag(rng.uniform(0.5, 2.0, P)) @ Q.T)  # same eigenvectors
+    L, V = jnp.linalg.cholesky(K), jnp.linalg.cholesky(G)
+    np.testing.assert_allclose(gram_kl(V, L, K, "taylor_frobenius"), gram_kl(V, L, K, "taylor_symmetric"), rtol=1e-10)
+    G2 = jnp.asarray(_joint_gram(rng, P, dim=30))  # generic: does not commute
+    V2 = jnp.linalg.cholesky(G2)
+    assert float(gram_kl(V2, L, K, "taylor_frobenius")) > 1.01 * float(gram_kl(V2, L, K, "taylor_symmetric"))
+
+
+# --------------------------------------------------------------------------- whole DKMs
+
+
+@pytest.fixture(scope="module")
+def toy():
+    rng = np.random.default_rng(9)
+    X = rng.normal(size=(24, 3))
+    y = (X[:, 0] * X[:, 1] > 0).astype(int)
+    return X, y
+
+
+@pytest.fixture(scope="module")
+def fc_config():
+    return DKMConfig(
+        layers=(GramLayerSpec(10), GramLayerSpec(10), GramLayerSpec(10)),
+        likelihood=Softmax(num_classes=2, num_mc_samples=8),
+        num_outputs=2,
+        skr=False,
+        skr_jitter=0.0,
+        kernel_jitter=0.0,
+    )
+
+
+def test_fc_dkm_at_K_equals_nngp_recursion(toy, fc_config):
+    X, _ = toy
+    params = init_params(jax.random.PRNGKey(0), fc_config, X)
+    X_t = jnp.asarray(X[:7])
+    out, aux = forward(params, fc_config, X_t)
+    # NNGP recursion on the joint inputs [X_i; X_t], every layer K = 1·arccos(G) + 0.1
+    X_i = params["inducing_inputs"]
+    G = linear_input_gram(jnp.concatenate([X_i, X_t]), X_t).ii  # [P + B, P + B]
+    for _ in fc_config.layers:
+        G = _full_kernel(arccos_kernel, G, scale=1.0, bias=0.1)
+    P = X_i.shape[0]
+    np.testing.assert_allclose(out["blocks"].ti, G[P:, :P], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(out["blocks"].t, jnp.diagonal(G)[P:], rtol=1e-9)
+    np.testing.assert_allclose(out["blocks"].ii, G[:P, :P], rtol=1e-9, atol=1e-12)
+
+
+def _relative_gram_moves(params, config, X):
+    _, aux = forward(params, config, jnp.asarray(X[:2]))
+    moves = []
+    for i, lp in enumerate(params["layers"]):
+        V = chol_factor(lp["V"])
+        K = aux["K_ii"][f"layer {i + 1}"]
+        moves.append(float(jnp.linalg.norm(V @ V.T - K) / jnp.linalg.norm(K)))
+    return moves
+
+
+def test_training_at_huge_nu_keeps_G_at_K(toy, fc_config):
+    X, y = toy
+    params = init_params(jax.random.PRNGKey(0), fc_config, X)
+    kw = dict(steps=25, key=jax.random.PRNGKey(1), learning_rate=1e-4)
+    held, _ = train_dkm(params, fc_config, X, y, nu=1e9, **kw)
+    free, history = train_dkm(params, fc_config, X, y, nu=1e-3, **kw)
+    held_moves = _relative_gram_moves(held, fc_config, X)
+    free_moves = _relative_gram_moves(free, fc_config, X)
+    assert max(held_moves) < 1e-3
+    assert max(free_moves) > 3 * max(held_moves)
+    assert history["loss"][-1] < history["loss"][0]
+    steps, conds = history["condition"][-1]
+    assert steps == 24 and all(1.0 <= c < 1e8 for c in conds.values())
+
+
+def test_initialisation_is_the_nngp_start_in_every_layer(toy):
+    X, y = toy
+    rng = np.random.default_rng(10)
+    images = rng.normal(size=(6, 6, 6, 1))
+    labels = rng.integers(0, 3, 6)
+    conv = DKMConfig(
+        layers=(GramLayerSpec(6), GramLayerSpec(8, stride=2, batch_norm=True), GramLayerSpec(8, skip_from=1)),
+        likelihood=Softmax(num_classes=3, num_mc_samples=8),
+        num_outputs=3,
+        architecture="conv",
+    )
+    fc = DKMConfig(
+        layers=(GramLayerSpec(8), GramLayerSpec(6)),
+        likelihood=Softmax(num_classes=2, num_mc_samples=8),
+        num_outputs=2,
+        kl="exact",
+    )
+    for config, inputs, targets in ((conv, images, labels), (fc, X, y)):
+        params = init_params(jax.random.PRNGKey(0), config, inputs)
+        value, aux = objective(params, config, inputs, targets, len(targets), jax.random.PRNGKey(1), train=False)
+        for i, lp in enumerate(params["layers"]):
+            V = chol_factor(lp["V"])
+            K = aux["K_ii"][f"layer {i + 1}"]
+            np.testing.assert_allclose(V @ V.T, K, rtol=1e-10, atol=1e-12)
+        for name, kl in aux["kl"].items():
+            assert abs(float(kl)) < 1e-9, name
+        assert np.isfinite(float(value))
+        probs = predict(params, config, inputs)["probs"]
+        np.testing.assert_allclose(jnp.sum(probs, axis=1), 1.0, rtol=1e-10)
+
+
+def test_float32_gram_matches_float64(toy):
+    X, _ = toy
+    config = DKMConfig(
+        layers=(GramLayerSpec(8), GramLayerSpec(8)),
+        likelihood=Softmax(num_classes=2, num_mc_samples=8),
+        num_outputs=2,
+        kernel_jitter=1e-4,
+    )
+    params64 = init_params(jax.random.PRNGKey(0), config, X)
+    params32 = jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), params64)
+    out64, _ = forward(params64, config, jnp.asarray(X))
+    out32, aux32 = forward(params32, config, jnp.asarray(X, jnp.float32))
+    assert out32["blocks"].ti.dtype == jnp.float32
+    check_numerics(aux32)
+    err = jnp.linalg.norm(out32["blocks"].ti - out64["blocks"].ti) / jnp.linalg.norm(out64["blocks"].ti)
+    assert float(err) < 1e-3
+
+
+def test_failed_cholesky_names_layer_stage_and_step(toy):
+    X, y = toy
+    config = DKMConfig(
+        layers=(GramLayerSpec(6), GramLayerSpec(4)),
+        likelihood=Softmax(num_classes=2, num_mc_samples=8),
+        num_outputs=2,
+        kernel_jitter=0.0,
+    )
+    params = init_params(jax.random.PRNGKey(0), config, X)
+    broken = dict(params)
+    layers = list(params["layers"])
+    layers[1] = dict(layers[1], mix=jnp.zeros_like(layers[1]["mix"]))  # K_ii of layer 2 is 0
+    broken["layers"] = tuple(layers)
+    with pytest.raises(NumericalError, match="layer 2, Cholesky of K_ii"):
+        objective(broken, config, X, y, len(y), jax.random.PRNGKey(1))
+    with pytest.raises(NumericalError, match="training step 0") as err:
+        train_dkm(broken, config, X, y, steps=2, key=jax.random.PRNGKey(2))
+    assert err.value.layer == "layer 2"
