@@ -34,6 +34,7 @@ from gpzoo.models.kernels.stationary import (
     Stationary,
     scaled_sqdist,
 )
+from gpzoo.models.kernels.tick import TICK, location_gram, patch_locations
 from gpzoo.models.kernels.symmetry import (
     CyclicShift,
     FiniteGroup,
@@ -93,9 +94,12 @@ __all__ = [
     "Stationary",
     "Sum",
     "SwapInputs",
+    "TICK",
     "White",
     "hyper",
     "kernel_class",
+    "location_gram",
+    "patch_locations",
     "scaled_sqdist",
     "static",
     "sum_kernels",
