@@ -181,14 +181,14 @@ def test_colour_patches_and_generic_patch_kernel_equal_brute_force(rng):
 
 
 def test_long_location_lengthscale_gives_the_convolutional_kernel(rng):
-    """k_loc ≡ 1 (ℓ_loc → ∞): TICK equals Convolutional / WeightedConvolutional (Kuu, Kuf, Kff) to 1e-10,
-    whatever the inducing locations."""
+    """k_loc ≡ 1 (ℓ_loc → ∞): TICK equals Convolutional (unit weights) and WeightedConvolutional
+    (Kuu, Kuf, Kff diagonal and full) to 1e-10, whatever the inducing locations."""
     X, Z, Z_loc = _data(rng)
     conv_all = jax.jit(lambda k, Z, X: (k.Kzz(Z)[0], k.Kzx(Z, X)[0], k.K_diag(X), k.K(X)))
     w = rng.normal(size=H_OUT * W_OUT)
     pairs = [
-        (Convolutional(_base(), IMAGE, PATCH, **FUSED), TICK.create(_base(), IMAGE, PATCH, 1e8, weighted=False, **FUSED)),
-        (WeightedConvolutional(_base(), IMAGE, PATCH, weights=w, **FUSED), _tick(w, loc_ls=1e8, normalisation="mean", **FUSED)),
+        (Convolutional(_base(), IMAGE, PATCH, normalisation="sum", **FUSED), _tick(np.ones(H_OUT * W_OUT), loc_ls=1e8, **FUSED)),
+        (WeightedConvolutional(_base(), IMAGE, PATCH, weights=w, normalisation="sum", **FUSED), _tick(w, loc_ls=1e8, **FUSED)),
     ]
     for conv, tick in pairs:
         for a, b in zip(_evaluate(tick, Z, Z_loc, X), conv_all(conv, jnp.asarray(Z), jnp.asarray(X))):
@@ -458,7 +458,9 @@ def test_zoo_tick_models_build_and_train():
         zoo.get("tick", image_shape=(4, 4), patch_shape=(3, 5))
     assert err.value.argument == "patch_shape"
     X, y = _rectangles(40)
-    res = fit(spec, X, y, steps=60, seed=0, progress=False, chunk_size=30)
+    unweighted = zoo.get("tick", image_shape=(8, 8), task="binary").kernel  # Fixed unit weights
+    np.testing.assert_allclose(unweighted.K_diag(X[:3]), spec.kernel.K_diag(X[:3]), rtol=1e-12)
+    res = fit(spec, X, y, steps=40, seed=0, progress=False, chunk_size=40)
     elbo = res.objective_history
     assert np.all(np.isfinite(elbo)) and elbo[-5:].mean() > elbo[:5].mean() + 1.0
     assert "kernel.location_lengthscale" in res.params and "inducing.Z_loc" in res.params
