@@ -27,7 +27,8 @@ import xarray as xr
 from matplotlib.figure import Figure
 
 from gpzoo.analysis.datatree import LOO_VAR_NAME
-from gpzoo.inference.fit import FitResult, evaluate_elbo
+from gpzoo.inference.fit import evaluate_elbo
+from gpzoo.inference.results import FitResult
 from gpzoo.models.errors import InvalidArgumentError
 
 __all__ = [
@@ -216,7 +217,7 @@ def _pair_dse(loo: pd.DataFrame, a: str, b: str) -> float:
 def _trace(value) -> tuple[np.ndarray, int]:
     """(ELBO per step ``[T]``, number of training points) of a FitResult or a saved DataTree."""
     if isinstance(value, FitResult):
-        return np.asarray(value.elbo_history, np.float64), value.num_data
+        return np.asarray(value.objective_history, np.float64), value.num_data
     if isinstance(value, xr.DataTree):
         return np.asarray(value["optimization"]["elbo"].values, np.float64), int(value.attrs.get("num_train", 1))
     raise InvalidArgumentError("results", f"expected FitResult or DataTree values, got {type(value).__name__}")

@@ -40,7 +40,8 @@ import numpy as np
 import xarray as xr
 from arviz_base import from_dict
 
-from gpzoo.inference.fit import FitResult, predict
+from gpzoo.inference.fit import predict
+from gpzoo.inference.results import FitResult
 from gpzoo.inference.posterior import pointwise_given_u, sample_inducing
 from gpzoo.models.errors import InvalidArgumentError, ShapeError
 
@@ -168,10 +169,10 @@ def _predictive_moments(pred, num_test: int, num_latent: int) -> xr.Dataset:
 
 
 def _optimization(res: FitResult) -> xr.Dataset:
-    steps = np.arange(len(res.elbo_history))
+    steps = np.arange(len(res.objective_history))
     ds = xr.Dataset(
-        {"elbo": ("step", np.asarray(res.elbo_history, np.float64)),
-         "learning_rate": ("step", np.asarray(res.learning_rate_history, np.float64))},
+        {"elbo": ("step", np.asarray(res.objective_history, np.float64)),
+         "learning_rate": ("step", np.asarray(res.step_size_history, np.float64))},
         coords={"step": steps},
     )
     for name, value in res.params.items():
@@ -180,8 +181,8 @@ def _optimization(res: FitResult) -> xr.Dataset:
             ds[name] = xr.DataArray(value, dims=[f"{name}_dim_{i}" for i in range(value.ndim)])
     diag = res.diagnostics
     ds.attrs = _netcdf_attrs({
-        "final_elbo": res.final_elbo,
-        "steps": len(res.elbo_history),
+        "final_elbo": res.final_objective,
+        "steps": len(res.objective_history),
         "batch_size": res.batch_size,
         "seed": res.seed,
         "seconds": diag.get("seconds", float("nan")),

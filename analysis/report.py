@@ -39,7 +39,7 @@ from gpzoo.analysis import calibration
 from gpzoo.models.errors import GPZooError, InvalidArgumentError
 
 if TYPE_CHECKING:
-    from gpzoo.inference.fit import FitResult
+    from gpzoo.inference.results import FitResult
 
 __all__ = [
     "ReportError", "check_writable", "comparison_table", "heldout_metrics", "load_report", "netcdf_engine",
@@ -160,9 +160,9 @@ def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset
             "description": res.spec.description,
             "task": res.spec.likelihood.task,
             "elbo": estimates[name],
-            "fit": {"steps": int(len(res.elbo_history)), "batch_size": res.batch_size, "seed": res.seed,
+            "fit": {"steps": int(len(res.objective_history)), "batch_size": res.batch_size, "seed": res.seed,
                     "seconds": float(res.diagnostics.get("seconds", math.nan)),
-                    "final_minibatch_elbo": res.final_elbo,
+                    "final_minibatch_elbo": res.final_objective,
                     "num_inducing": res.spec.num_inducing,
                     "jitter_events": res.diagnostics.get("jitter_events", [])},
         })

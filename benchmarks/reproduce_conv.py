@@ -115,7 +115,7 @@ def fit_and_score(spec, X_train, y_train, *, steps: int, batch_size: int, seed: 
         "num_inducing": spec.num_inducing,
         "wall_s": wall,
         "s_per_step": res.diagnostics["seconds"] / max(steps, 1),
-        "final_minibatch_elbo": res.final_elbo,
+        "final_minibatch_elbo": res.final_objective,
         "elbo": elbo.elbo,
         "elbo_stderr": elbo.stderr,
         "elbo_samples": elbo.num_samples,

@@ -101,7 +101,7 @@ def _fit(spec, X, y, args, optimizer=None):
 def _record(res, wall, args) -> dict:
     return {"steps": args.steps, "batch_size": min(args.batch_size, res.num_data), "num_inducing": res.spec.num_inducing,
             "wall_s": wall, "s_per_step": res.diagnostics["seconds"] / max(args.steps, 1),
-            "final_minibatch_elbo": res.final_elbo, "device": jax.devices()[0].device_kind}
+            "final_minibatch_elbo": res.final_objective, "device": jax.devices()[0].device_kind}
 
 
 # ----------------------------------------------------------------------------- §5.1 rotated MNIST

@@ -1,16 +1,19 @@
 """Approximate-posterior side of gpzoo: inducing variables, guides, fitting and prediction."""
 
-import gpzoo.inference.invariant  # noqa: F401  (registers the invariant-svgp family)
-from gpzoo.inference.fit import ElboEstimate, FitResult, Prediction, evaluate_elbo, fit, predict, register_family
+from gpzoo.inference.fit import METHODS, Method, build_family, evaluate_elbo, fit, predict, register_method
 from gpzoo.inference.gibbs import gibbs_gp_classification
+from gpzoo.inference.results import ElboEstimate, FitResult, Prediction
 
 __all__ = [
+    "METHODS",
     "ElboEstimate",
     "FitResult",
+    "Method",
     "Prediction",
+    "build_family",
     "evaluate_elbo",
     "fit",
     "gibbs_gp_classification",
     "predict",
-    "register_family",
+    "register_method",
 ]

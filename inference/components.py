@@ -22,10 +22,12 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 
-from gpzoo.inference.fit import FitResult, _chunks, _float_dtype
+from gpzoo.inference.data import check_new_inputs, row_slices
+from gpzoo.inference.linalg import float_dtype
+from gpzoo.inference.results import FitResult
 from gpzoo.inference.guides import conditional
 from gpzoo.inference.inducing import InducingPatches, Kuf, Kuu, SeparateInducing
-from gpzoo.models.errors import InvalidArgumentError, ShapeError, as_float_array
+from gpzoo.models.errors import InvalidArgumentError
 from gpzoo.models.kernels import Sum
 
 __all__ = ["ComponentVariances", "InducingPatchOutputs", "component_variances", "inducing_patch_outputs"]
@@ -89,12 +91,7 @@ def component_variances(res: FitResult, X, *, batch_size: int = 512) -> Componen
     channels of ``multichannel-conv`` (eq. 22), both for ``Sum(multichannel, rbf)``; a model with
     one group has one part (the whole f). Uses the fitted point parameters.
     """
-    X = as_float_array(X, "X", ndim=2)
-    if X.shape[1] != res.X_train.shape[1]:
-        raise ShapeError("X", f"has {X.shape[1]} columns; the model was fitted on {res.X_train.shape[1]}")
-    check = getattr(res.spec.kernel, "validate_inputs", None)
-    if check is not None:
-        check(X)
+    X = check_new_inputs(res, X, "X")
     parts = _realised_parts(res)
     pieces = _pieces(parts.kernel, parts.inducing)
     names, group_sizes = [], []
@@ -104,8 +101,8 @@ def component_variances(res: FitResult, X, *, batch_size: int = 512) -> Componen
         names += [name] if G == 1 else [f"{name}[{g}]" for g in range(G)]
 
     prior, means, variances = [], [], []
-    for sl in _chunks(X.shape[0], batch_size):
-        Xc = jnp.asarray(X[sl], _float_dtype())  # [n, D]
+    for sl in row_slices(X.shape[0], batch_size):
+        Xc = jnp.asarray(X[sl], float_dtype())  # [n, D]
         Kmn = jnp.concatenate([Kuf(z, k, Xc) for _, k, z in pieces], axis=0)  # [G, M, n]
         Kdiag = jnp.concatenate([_group_K_diag(k, Xc) for _, k, _ in pieces], axis=0)  # [G, n]
         chunk_mean, chunk_var = [], []

@@ -33,6 +33,9 @@ __all__ = [
     "InducingPosterior",
     "InducingPrior",
     "conditional",
+    "sqrt_dense",
+    "sqrt_diag",
+    "sqrt_times",
     "variational_params",
 ]
 
@@ -41,7 +44,7 @@ LOG_2PI = math.log(2.0 * math.pi)
 
 
 # ----------------------------------------------------------------------------- q(u) helpers
-def _sqrt_times(q_sqrt, structure, B):
+def sqrt_times(q_sqrt, structure, B):
     """``S^{1/2}ᵀ B`` per latent: B ``[GM, K]`` -> ``[L, GM, K]`` (block: grouped, diag: scaled)."""
     if structure == "full":
         return jnp.einsum("lji,jk->lik", q_sqrt, B)  # [L, GM, K]
@@ -52,7 +55,7 @@ def _sqrt_times(q_sqrt, structure, B):
     return q_sqrt[:, :, None] * B[None]  # [L, GM, K]
 
 
-def _sqrt_diag(q_sqrt, structure):
+def sqrt_diag(q_sqrt, structure):
     """Diagonal of S^{1/2}, ``[L, GM]`` (log |S| = 2 Σ log of it)."""
     if structure == "full":
         return jnp.diagonal(q_sqrt, axis1=-2, axis2=-1)
@@ -61,7 +64,7 @@ def _sqrt_diag(q_sqrt, structure):
     return q_sqrt
 
 
-def _sqrt_dense(q_sqrt, structure):
+def sqrt_dense(q_sqrt, structure):
     """S^{1/2} as dense lower-triangular ``[L, GM, GM]`` (sampling and log-density only)."""
     if structure == "full":
         return q_sqrt
@@ -89,7 +92,7 @@ def variational_params(num_latent: int, num_groups: int, num_inducing: int, stru
         blocks = jnp.broadcast_to(blocks, (L_, G, M, M))
         if structure == "block":
             return blocks
-        dense = _sqrt_dense(blocks, "block")
+        dense = sqrt_dense(blocks, "block")
         return dense if structure == "full" else jnp.diagonal(dense, axis1=-2, axis2=-1)
 
     constraint = constraints.positive if structure == "diag" else constraints.lower_cholesky
@@ -111,15 +114,15 @@ class InducingPosterior(dist.Distribution):
 
     def sample(self, key, sample_shape=()):
         eps = jax.random.normal(key, sample_shape + self.q_mu.shape, self.q_mu.dtype)  # [..., L, GM]
-        chol = _sqrt_dense(self.q_sqrt, self.structure)  # [L, GM, GM]
+        chol = sqrt_dense(self.q_sqrt, self.structure)  # [L, GM, GM]
         return self.q_mu + jnp.einsum("lij,...lj->...li", chol, eps)
 
     def log_prob(self, value):
-        chol = _sqrt_dense(self.q_sqrt, self.structure)  # [L, GM, GM]
+        chol = sqrt_dense(self.q_sqrt, self.structure)  # [L, GM, GM]
         diff = jnp.moveaxis(value - self.q_mu, -2, 0)[..., None]  # [L, ..., GM, 1]
         chol_b = chol.reshape(chol.shape[:1] + (1,) * (diff.ndim - 3) + chol.shape[1:])
         white = solve_triangular(chol_b, diff, lower=True)[..., 0]  # [L, ..., GM]
-        half_logdet = jnp.sum(jnp.log(_sqrt_diag(self.q_sqrt, self.structure)))
+        half_logdet = jnp.sum(jnp.log(sqrt_diag(self.q_sqrt, self.structure)))
         n = self.q_mu.size
         return -0.5 * jnp.sum(white**2, axis=(0, -1)) - half_logdet - 0.5 * n * LOG_2PI
 
@@ -185,7 +188,7 @@ def _blockdiag_solve(Luu, v):
 def _kl_inducing(q, p):
     """KL[q(u) || p(u)], analytic (van der Wilk et al. 2017, eq. 5's KL term), summed over latent functions."""
     L_, GM = q.q_mu.shape
-    logdet_q = 2.0 * jnp.sum(jnp.log(_sqrt_diag(q.q_sqrt, q.structure)))
+    logdet_q = 2.0 * jnp.sum(jnp.log(sqrt_diag(q.q_sqrt, q.structure)))
     if p.whiten:
         trace = jnp.sum(q.q_sqrt**2)  # tr S = ||S^{1/2}||_F^2 for every structure
         maha = jnp.sum(q.q_mu**2)
@@ -218,6 +221,6 @@ def conditional(Kuf, Luu, Kff_diag, q_mu, q_sqrt, structure: str, whiten: bool):
     B = A if whiten else block_solve(Luu, A, transpose=True)  # [G, M, N]  (Kuu^{-1} Kuf unwhitened)
     B = B.reshape(G * M, N)  # [GM, N]
     mean = (q_mu @ B).T  # [N, L]
-    SB = _sqrt_times(q_sqrt, structure, B)  # [L, GM, N]
+    SB = sqrt_times(q_sqrt, structure, B)  # [L, GM, N]
     var = prior_var[:, None] + jnp.sum(SB**2, axis=1).T  # [N, L]
     return mean, var

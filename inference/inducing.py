@@ -25,9 +25,13 @@ from numpyro.distributions import constraints
 
 from gpzoo.models.errors import InvalidArgumentError
 from gpzoo.models.kernels import Kernel, Sum
+from gpzoo.models.kernels.convolutional import ConvolutionalKernel
+from gpzoo.models.kernels.invariant import InvariantKernel
 from gpzoo.models.parameters import Parameterised, hyper, pytree_dataclass
 
 __all__ = [
+    "BaseInducingPoints",
+    "InducingPatches",
     "InducingPoints",
     "InducingVariables",
     "Kuf",
@@ -160,11 +164,6 @@ def _init_points(kernel, X, num_inducing, key, method):
 
 
 # ----------------------------------------------------------------------------- inducing patches
-from gpzoo.models.kernels.convolutional import ConvolutionalKernel  # noqa: E402 - appended section, kept self-contained
-
-__all__ += ["InducingPatches"]
-
-
 @pytree_dataclass
 class InducingPatches(InducingVariables):
     """u = g(Z): the patch-response function at inducing patches ``Z`` ``[M, E]`` (van der Wilk et al. 2017, §3.1).
@@ -242,3 +241,29 @@ def _init_patches(kernel, X, num_inducing, key, method):
     else:
         raise InvalidArgumentError("inducing_init", f"unknown method {method!r}; use 'random', 'kmeans' or 'uniform'")
     return InducingPatches(jnp.asarray(Z, dtype=X.dtype))
+
+
+# ----------------------------------------------------------------------------- invariant kernels: inducing points of the base function
+@pytree_dataclass
+class BaseInducingPoints(InducingPoints):
+    """u = g(Z): the *base* function at inducing inputs ``Z`` ``[M, D]`` of an invariant kernel
+    (van der Wilk et al. 2018, eq. 13; van der Wilk et al. 2017, eq. D.31–D.32)."""
+
+
+@Kuu.register(BaseInducingPoints, InvariantKernel)
+def _kuu_base(inducing, kernel):
+    return kernel.base_kernel.K(inducing.Z)[None]  # [1, M, M]  k_g(Z, Z)
+
+
+@Kuf.register(BaseInducingPoints, InvariantKernel, object)
+def _kuf_base(inducing, kernel, X):
+    if kernel.is_sampled:
+        raise InvalidArgumentError(
+            "kernel", "Kuf of a sampled invariant kernel is only estimated; use method='invariant-svgp' (van der Wilk et al. 2018, eq. 16–17)")
+    return kernel.K_fu(X, inducing.Z)[None]  # [1, M, N]
+
+
+@register_initialiser("invariant-points")
+def _init_base_points(kernel, X, num_inducing, key, method):
+    """Z from training inputs (random or k-means), as for ordinary points: they lie in g's input space too."""
+    return BaseInducingPoints(initialise_inducing("points", kernel, X, num_inducing, key, method).Z)

@@ -2,7 +2,7 @@
 
 Inducing variables u = g(Z) live in the *base* function's input space (van der Wilk et al. 2018, eq. 13, van der Wilk et al. 2017
 eq. D.30–D.32): Kuu = k_g(Z, Z) and k_fu(x, z) = Σ_a k_g(x_a, z) (or ∫ p(x_a|x) k_g(x_a, z)).
-:class:`BaseInducingPoints` is that inducing type (initialiser kind ``"invariant-points"``).
+:class:`~gpzoo.inference.inducing.BaseInducingPoints` is that inducing type (initialiser kind ``"invariant-points"``).
 
 For finite orbits evaluated whole, Kuf and Kff are exact and the ordinary SVGP path applies
 (``method="svgp"``). When the orbit is sub-sampled or the kernel is a double integral over an
@@ -52,28 +52,25 @@ Any other likelihood raises ``InvalidArgumentError`` naming ``likelihood``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import numpyro
 from jax.scipy.linalg import solve_triangular
 from numpyro.distributions import constraints
 
-from gpzoo.inference.fit import register_family
-from gpzoo.inference.guides import _sqrt_times
-from gpzoo.inference.inducing import InducingVariables, Kuf, Kuu, initialise_inducing, register_initialiser
+from gpzoo.inference.guides import sqrt_times
+from gpzoo.inference.inducing import BaseInducingPoints
 from gpzoo.inference.polya_gamma import optimal_c, pg_logistic_bound
 from gpzoo.inference.svgp import SVGP, Parts
 from gpzoo.models.errors import InvalidArgumentError
 from gpzoo.models.kernels.invariant import InvariantKernel, pair_sum
 from gpzoo.models.likelihoods import Bernoulli
-from gpzoo.models.parameters import hyper, pytree_dataclass
 
 __all__ = [
-    "BaseInducingPoints",
     "DEFAULT_PREDICTION_ROUNDS",
     "DEFAULT_RECOGNITION_HIDDEN",
     "FREE_C_SITE",
@@ -94,36 +91,6 @@ DEFAULT_RECOGNITION_HIDDEN = (32, 32)
 RECOGNITION_SITE = "pg_recognition"
 #: ``numpyro.param`` site of the free per-datum tilts ``[N]`` (``pg_c="free"``).
 FREE_C_SITE = "pg_free_c"
-
-
-@pytree_dataclass
-class BaseInducingPoints(InducingVariables):
-    """u = g(Z): the base function at inducing inputs ``Z`` ``[M, D]`` (van der Wilk et al. 2018, eq. 13, van der Wilk et al. 2017, eq. D.31–D.32)."""
-
-    Z: Any = hyper(constraint=constraints.real)
-
-    @property
-    def num_inducing(self) -> int:
-        return int(np.shape(self.Z.value if hasattr(self.Z, "value") else self.Z)[0])
-
-
-@Kuu.register(BaseInducingPoints, InvariantKernel)
-def _kuu_base(inducing, kernel):
-    return kernel.base_kernel.K(inducing.Z)[None]  # [1, M, M]  k_g(Z, Z)
-
-
-@Kuf.register(BaseInducingPoints, InvariantKernel, object)
-def _kuf_base(inducing, kernel, X):
-    if kernel.is_sampled:
-        raise InvalidArgumentError(
-            "kernel", "Kuf of a sampled invariant kernel is only estimated; use method='invariant-svgp' (van der Wilk et al. 2018, eq. 16–17)")
-    return kernel.K_fu(X, inducing.Z)[None]  # [1, M, N]
-
-
-@register_initialiser("invariant-points")
-def _init_base_points(kernel, X, num_inducing, key, method):
-    """Z from training inputs (random or k-means), as for ordinary points: they lie in g's input space too."""
-    return BaseInducingPoints(initialise_inducing("points", kernel, X, num_inducing, key, method).Z)
 
 
 class MomentEstimates(NamedTuple):
@@ -167,7 +134,10 @@ class InvariantSVGP(SVGP):
 
     # ------------------------------------------------------------------ estimators
     def moment_estimates(self, parts: Parts, X, key) -> MomentEstimates:
-        """One draw of the unbiased estimates of μ_n, E[f_n²], σ_n² from S orbit samples."""
+        """One draw of the unbiased estimates of μ_n, E[f_n²], σ_n² from S orbit samples.
+
+        ``parts.q_sqrt=None`` means q(u) is a point mass at ``parts.q_mu`` (the moments of p(f | u)).
+        """
         kernel = parts.kernel
         w_off, w_diag = kernel.orbit.pair_weights()
         w_single = kernel.orbit.single_weight()
@@ -179,14 +149,15 @@ class InvariantSVGP(SVGP):
         E = solve_triangular(Luu, jnp.moveaxis(Kzx, 0, 1).reshape(M, S * N), lower=True)  # [M, S*N]  Luu⁻¹ k_s
         B = E if self.spec.whiten else solve_triangular(Luu, E, lower=True, trans=1)  # [M, S*N]
         a = (parts.q_mu @ B).reshape(-1, S, N)  # [L, S, N]
-        V = _sqrt_times(parts.q_sqrt, self.spec.q_structure, B)  # [L, M, S*N]
-        V = jnp.moveaxis(V.reshape(V.shape[0], M, S, N), 2, 1)  # [L, S, M, N]
         mean = w_single * jnp.sum(a, axis=1).T  # [N, L]
         mean_sq = _pair_scalar(a, w_off, w_diag)  # [N, L]
         kff = kernel.Kff_diag_estimate(samples)  # [N]
         qff = pair_sum(jnp.moveaxis(E.reshape(M, S, N), 0, 2), w_off, w_diag)  # [N]
-        sv = jax.vmap(lambda v: pair_sum(jnp.moveaxis(v, 1, 2), w_off, w_diag), out_axes=1)(V)  # [N, L]
-        var = (kff - qff)[:, None] + sv  # [N, L]
+        var = jnp.broadcast_to((kff - qff)[:, None], mean.shape)  # [N, L]
+        if parts.q_sqrt is not None:
+            V = sqrt_times(parts.q_sqrt, self.spec.q_structure, B)  # [L, M, S*N]
+            V = jnp.moveaxis(V.reshape(V.shape[0], M, S, N), 2, 1)  # [L, S, M, N]
+            var = var + jax.vmap(lambda v: pair_sum(jnp.moveaxis(v, 1, 2), w_off, w_diag), out_axes=1)(V)  # [N, L]
         return MomentEstimates(mean, mean_sq + var, var)
 
     @property
@@ -194,10 +165,32 @@ class InvariantSVGP(SVGP):
         """Sampled orbits make the expected log-likelihood an unbiased Monte Carlo estimate."""
         return bool(self.spec.kernel.is_sampled) or super().stochastic_expectation
 
-    def expected_log_lik(self, parts: Parts, X, y, key=None, data_indices=None, num_data=None):
+    def data_term_inputs(self, X, y, data_indices=None, num_data=None) -> dict:
+        """The Pólya–Gamma tilts that live in NumPyro params (``pg_c`` "recognition" or "free"), as
+        ``{"tilt": c}`` ``[N]``; empty for the closed form and for likelihoods without the PG bound.
+
+        ``"recognition"``: the network's output at (x_n, y_n). ``"free"``: the param ``pg_free_c``
+        ``[num_data]`` at rows ``data_indices`` ``[N]``; without rows (data outside the training
+        set) the closed form stands in. Call inside a NumPyro model (their values are params).
+        """
+        if not (self.spec.kernel.is_sampled and isinstance(self.spec.likelihood, Bernoulli)):
+            return {}
+        if self.pg_c == "free" and data_indices is not None:
+            if num_data is None:
+                raise InvalidArgumentError("num_data", "free tilts need the training-set size with data_indices")
+            c_all = numpyro.param(FREE_C_SITE, jnp.ones((num_data,), jnp.result_type(X, float)),
+                                  constraint=constraints.positive)  # [num_data]
+            return {"tilt": c_all[data_indices]}  # [N]
+        if self.pg_c == "recognition":
+            return {"tilt": recognition_c(self.recognition_params(X.shape[1], jnp.result_type(X, float)), X, y)}  # [N]
+        return {}
+
+    def expected_log_lik(self, parts: Parts, X, y, key=None, tilt=None):
         """Unbiased estimate of E_q(f_n)[log p(y_n|f_n)] (Gaussian, eq. 15) or of the PG bound (eq. 23), ``[N]``.
 
-        ``data_indices`` ``[N]`` (rows of X in a training set of ``num_data`` points) select free tilts.
+        ``tilt`` ``[N]``: c_n of q(ω_n) = PG(1, c_n) from :meth:`data_term_inputs`; without it the
+        closed form √Ê[f_n²] (van der Wilk et al. 2018, §4.5), from an orbit-sample draw independent
+        of the one the bound is evaluated with, without gradient.
         """
         if not parts.kernel.is_sampled:
             return super().expected_log_lik(parts, X, y, key)
@@ -207,28 +200,10 @@ class InvariantSVGP(SVGP):
         if parts.likelihood.linear_in_moments:
             # (y − μ̂)² + (Ê[f²] − μ̂²) = y² − 2yμ̂ + Ê[f²]: linear in the estimates, hence unbiased
             return parts.likelihood.variational_expectation(y, est.mean, est.second_moment - est.mean**2)
-        c = self.pg_tilt(parts, X, y, key_c, data_indices, num_data)  # [N]
-        return pg_logistic_bound(y, est.mean[:, 0], est.second_moment[:, 0], c)  # [N]
-
-    def pg_tilt(self, parts: Parts, X, y, key, data_indices=None, num_data=None):
-        """c_n of q(ω_n) = PG(1, c_n) ``[N]`` for the PG bound (van der Wilk et al. 2018, eq. 23, §4.5), per ``spec.options["pg_c"]``.
-
-        ``"closed-form"``: √Ê[f_n²] from an orbit-sample draw made with ``key`` (independent of the
-        draw the bound is evaluated with), without gradient. ``"recognition"``: the network's
-        output at (x_n, y_n) (``key`` unused). ``"free"``: the param ``pg_free_c`` ``[num_data]``
-        at rows ``data_indices`` ``[N]``; without rows (data outside the training set), the closed
-        form. Call the last two inside a NumPyro model (their values are params).
-        """
-        if self.pg_c == "free" and data_indices is not None:
-            if num_data is None:
-                raise InvalidArgumentError("num_data", "free tilts need the training-set size with data_indices")
-            c_all = numpyro.param(FREE_C_SITE, jnp.ones((num_data,), jnp.result_type(X, float)),
-                                  constraint=constraints.positive)  # [num_data]
-            return c_all[data_indices]  # [N]
-        if self.pg_c == "recognition":
-            return recognition_c(self.recognition_params(X.shape[1], jnp.result_type(X, float)), X, y)
-        c_est = self.moment_estimates(parts, X, key)  # independent draw: c is fixed given it
-        return jax.lax.stop_gradient(optimal_c(jnp.maximum(c_est.second_moment[:, 0], 1e-12)))  # [N]
+        if tilt is None:
+            c_est = self.moment_estimates(parts, X, key_c)  # independent draw: c is fixed given it
+            tilt = jax.lax.stop_gradient(optimal_c(jnp.maximum(c_est.second_moment[:, 0], 1e-12)))  # [N]
+        return pg_logistic_bound(y, est.mean[:, 0], est.second_moment[:, 0], tilt)  # [N]
 
     def recognition_params(self, input_dim: int, dtype) -> dict[str, jax.Array]:
         """The recognition network's weights as ``numpyro.param`` sites ``pg_recognition.{W,b}{i}``.
@@ -256,6 +231,16 @@ class InvariantSVGP(SVGP):
         """
         if not parts.kernel.is_sampled:
             return super().latent_moments(parts, X)
+        return self._averaged_moments(parts, X)
+
+    def conditional_given_u(self, parts: Parts, X, u):
+        """p(f | u) ``[N, L]`` x2; for a sampled kernel, estimated like :meth:`latent_moments` (q(u) a point mass at u)."""
+        if not parts.kernel.is_sampled:
+            return super().conditional_given_u(parts, X, u)
+        return self._averaged_moments(dataclasses.replace(parts, q_mu=u, q_sqrt=None), X)
+
+    def _averaged_moments(self, parts: Parts, X):
+        """Mean and variance ``[N, L]`` averaged over ``prediction_rounds`` independent orbit-sample sets."""
         keys = jax.random.split(_key(None), self.prediction_rounds)  # [R, 2]
         means, variances = jax.lax.map(lambda k: (lambda e: (e.mean, e.var))(self.moment_estimates(parts, X, k)), keys)  # [R, N, L] x2
         return jnp.mean(means, axis=0), jnp.maximum(jnp.mean(variances, axis=0), 1e-12)  # [N, L] x2
@@ -312,5 +297,3 @@ def _pg_c_options(spec) -> tuple[str, tuple[int, ...]]:
 def _is_gaussian_in_f(likelihood) -> bool:
     return likelihood.linear_in_moments or (isinstance(likelihood, Bernoulli) and likelihood.link == "logit")
 
-
-register_family("invariant-svgp", InvariantSVGP)

@@ -10,11 +10,16 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
-__all__ = ["cholesky_with_jitter", "block_solve", "MAX_JITTER_TRIES"]
+__all__ = ["MAX_JITTER_TRIES", "block_solve", "cholesky_with_jitter", "float_dtype"]
 
 #: How many times the jitter is multiplied by 10 before giving up (the Cholesky is then NaN and
 #: training stops with a ``TrainingError`` naming the step).
 MAX_JITTER_TRIES = 6
+
+
+def float_dtype():
+    """The floating dtype gpzoo computes in: float64 when ``jax_enable_x64`` is on, else float32."""
+    return jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
 
 
 def _chol(K, jitter):

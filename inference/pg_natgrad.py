@@ -49,7 +49,7 @@ The fitted q(u) is stored under the SVGP guide's own names (``q_mu`` ``[1, M]``,
 hyperparameters, so :func:`gpzoo.inference.fit.predict`, :func:`gpzoo.inference.fit.evaluate_elbo` (which
 reports the exact Gauss–Hermite ELBO ≥ (PG)) and :func:`gpzoo.analysis.datatree.to_datatree` work
 unchanged. NumPyro's SVI is not used: its ELBO machinery has no natural-gradient step. The loop
-(chunks, progress, checkpoints and resume, NaN guard, Ctrl-C) is :func:`gpzoo.inference.fit.run_chunks`,
+(chunks, progress, checkpoints and resume, NaN guard, Ctrl-C) is :func:`gpzoo.inference.runner.run_chunks`,
 the one the SVI path uses.
 """
 
@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import NamedTuple
 
 import jax
@@ -68,19 +67,13 @@ import optax
 from jax.scipy.linalg import solve_triangular
 from numpyro.distributions import biject_to, constraints
 
-from gpzoo.inference.fit import (
-    ChunkProgram,
-    FitResult,
-    _BatchSchedule,
-    _float_dtype,
-    _jitter_used,
-    check_run_arguments,
-    run_chunks,
-    validate_data,
-)
-from gpzoo.inference.inducing import InducingPoints, InducingVariables, Kuf, initialise_inducing
+from gpzoo.inference.data import BatchSchedule, validate_data
+from gpzoo.inference.linalg import float_dtype
+from gpzoo.inference.results import FitResult
+from gpzoo.inference.runner import ChunkProgram, FitSettings
+from gpzoo.inference.inducing import InducingPoints, Kuf, initialise_inducing
 from gpzoo.inference.polya_gamma import _pg1_mean, optimal_c, pg_logistic_bound
-from gpzoo.inference.svgp import SVGP, _has_prior
+from gpzoo.inference.svgp import SVGP, has_prior
 from gpzoo.models.errors import InvalidArgumentError
 from gpzoo.models.likelihoods import Bernoulli
 from gpzoo.models.zoo import ModelSpec
@@ -126,7 +119,7 @@ def check_spec(spec: ModelSpec) -> None:
         raise InvalidArgumentError("inducing", f"the Pólya–Gamma path supports inducing points only, got {spec.inducing!r}")
     if spec.q_structure != "full":
         raise InvalidArgumentError("q_structure", f"natural-gradient steps give a full-rank q(u); got {spec.q_structure!r}")
-    if _has_prior(spec):
+    if has_prior(spec):
         raise InvalidArgumentError("kernel", "the Pólya–Gamma path learns point hyperparameters; remove the priors")
 
 
@@ -280,7 +273,7 @@ class AndersonMemory(NamedTuple):
 
 def anderson_init(num_data: int, memory: int = ANDERSON_MEMORY, dtype=None) -> AndersonMemory:
     """An empty :class:`AndersonMemory` for ``num_data`` points remembering ``memory`` differences."""
-    dtype = dtype or _float_dtype()
+    dtype = dtype or float_dtype()
     zeros = jnp.zeros((memory + 1, num_data), dtype)
     lowest = jnp.asarray(jnp.finfo(dtype).min, dtype)  # below every bound, and finite (the NaN guard checks the state)
     return AndersonMemory(jnp.zeros(num_data, dtype), zeros, zeros, jnp.asarray(0, jnp.int32), lowest,
@@ -356,21 +349,13 @@ def fit_pg_natgrad(
     X,
     y,
     *,
-    steps: int = 100,
-    batch_size: int | None = None,
-    seed: int = 0,
+    family_class: type = SVGP,
     step_size: float | Callable[[int], float] | None = None,
-    learning_rate: float | optax.Schedule = 0.01,
-    optimizer: optax.GradientTransformation | None = None,
     learn_hyperparameters: bool | None = None,
     learn_inducing: bool = True,
     acceleration: str | None = None,
-    inducing: InducingVariables | None = None,
-    checkpoint_dir: str | Path | None = None,
-    checkpoint_every: int | None = None,
-    resume: bool = False,
-    progress: bool = True,
-    chunk_size: int = 25,
+    settings: FitSettings | None = None,
+    **run,
 ) -> FitResult:
     """Fit the logistic SVGP ``spec`` by PG natural gradients / CAVI; returns a :class:`FitResult`.
 
@@ -381,16 +366,19 @@ def fit_pg_natgrad(
     after each natural step; without it the features are computed once (module docstring).
     ``acceleration="anderson"`` (default ``spec.options.get("acceleration")``) runs full-batch
     CAVI with Anderson mixing (:func:`anderson_cavi_update`; fixed hyperparameters, all data, ρ = 1).
-    ``elbo_history[t]`` is (PG) on step t's batch (scaled to N) before the step;
-    ``learning_rate_history`` holds ρ_t (the Adam rate is in ``diagnostics``). Checkpoints,
-    ``resume`` and the NaN guard behave as in :func:`gpzoo.inference.fit.fit`.
+    ``objective_history[t]`` is (PG) on step t's batch (scaled to N) before the step;
+    ``step_size_history`` holds ρ_t (the Adam rate is in ``diagnostics``). Checkpoints,
+    ``resume`` and the NaN guard behave as in :func:`gpzoo.inference.fit.fit`, whose keyword
+    arguments (``steps``, ``batch_size``, ``seed``, ...) this takes as ``**run`` or as ``settings``.
     """
     if not isinstance(spec, ModelSpec):
         raise InvalidArgumentError("spec", f"expected a ModelSpec (zoo.get(name, ...)), got {type(spec).__name__}")
     check_spec(spec)
     X, y = validate_data(spec, X, y)
     N = X.shape[0]
-    B = check_run_arguments(N, steps, batch_size, checkpoint_dir, resume)
+    settings = FitSettings.from_keywords(run) if settings is None else settings
+    B = settings.batch_size_for(N)
+    seed, learning_rate, optimizer, inducing = settings.seed, settings.learning_rate, settings.optimizer, settings.inducing
     if step_size is None:
         step_size = spec.options.get("step_size") or (1.0 if B == N else robbins_monro())
     rho_at = step_size if callable(step_size) else (lambda step: float(step_size))
@@ -411,7 +399,7 @@ def fit_pg_natgrad(
         inducing = initialise_inducing(spec.inducing, spec.kernel, X, spec.num_inducing, key_inducing, spec.inducing_init)
     if not isinstance(inducing, InducingPoints):
         raise InvalidArgumentError("inducing", f"the Pólya–Gamma path supports InducingPoints, got {type(inducing).__name__}")
-    family = SVGP(spec, inducing, num_latent=1)
+    family = family_class(spec, inducing, num_latent=1)
     whiten = spec.whiten
 
     sites = _param_sites(family)
@@ -429,7 +417,7 @@ def fit_pg_natgrad(
     if acceleration == "anderson":
         state["anderson"] = anderson_init(N)
 
-    X_j, y_j = jnp.asarray(X), jnp.asarray(y, dtype=_float_dtype())
+    X_j, y_j = jnp.asarray(X), jnp.asarray(y, dtype=float_dtype())
     scale = N / B
     full_batch = B == N
 
@@ -467,9 +455,9 @@ def fit_pg_natgrad(
             q_mu, q_sqrt, bound = natural_update(features, yb, state["q_mu"], state["q_sqrt"], scale=scale, rho=rho, whiten=whiten)
             return {**state, "q_mu": q_mu, "q_sqrt": q_sqrt}, bound
 
-    jitter_at = jax.jit(lambda params: _jitter_used(family, params))
-    batches = _BatchSchedule(N, B, seed)
-    dtype = np.dtype(_float_dtype())
+    jitter_at = jax.jit(family.jitter_used)
+    batches = BatchSchedule(N, B, seed)
+    dtype = np.dtype(float_dtype())
     diagnostics = {"jitter": float(spec.jitter), "jitter_events": [], "dtype": str(dtype),
                    "seconds": 0.0, "method": METHOD, "learn_hyperparameters": bool(learn_hyperparameters),
                    "acceleration": acceleration,
@@ -491,15 +479,13 @@ def fit_pg_natgrad(
         hint="Try a smaller step_size or learning_rate, or a larger jitter.", after_chunk=record_jitter,
     )
     t0 = time.perf_counter()
-    state, history, rhos_seen = run_chunks(program, state, steps=steps, chunk_size=chunk_size, checkpoint_dir=checkpoint_dir,
-                                           checkpoint_every=checkpoint_every, resume=resume, progress=progress,
-                                           diagnostics=diagnostics)
+    state, history, rhos_seen = settings.run(program, state, diagnostics)
     diagnostics["seconds"] = time.perf_counter() - t0
-    diagnostics["steps"] = steps
+    diagnostics["steps"] = settings.steps
     params = {n: np.asarray(v) for n, v in constrained(state).items()}
     return FitResult(
         spec=spec, inducing=inducing, num_latent=1, params=params,
-        elbo_history=np.asarray(history), learning_rate_history=np.asarray(rhos_seen),
+        objective_history=np.asarray(history), step_size_history=np.asarray(rhos_seen),
         diagnostics=diagnostics, num_data=N, X_train=np.asarray(X), y_train=np.asarray(y),
-        seed=seed, batch_size=B, _family=family,
+        family=family, seed=seed, batch_size=B, objective="Pólya–Gamma bound", step_size="natural-gradient step ρ",
     )

@@ -25,10 +25,12 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.handlers import condition, seed, substitute, trace
 
-from gpzoo.inference.fit import FitResult, _float_dtype
+from gpzoo.inference.data import check_new_inputs
+from gpzoo.inference.linalg import float_dtype
+from gpzoo.inference.results import FitResult
 from gpzoo.inference.inducing import Kuf
 from gpzoo.inference.linalg import block_solve
-from gpzoo.models.errors import InvalidArgumentError, ShapeError, as_float_array
+from gpzoo.models.errors import InvalidArgumentError, ShapeError
 
 __all__ = ["InducingDraws", "PointwiseDraws", "conditional_given_u", "pointwise_given_u", "sample_inducing"]
 
@@ -94,7 +96,7 @@ def _sample_hyper(res: FitResult, key, num_draws: int) -> dict[str, jax.Array]:
     if guide is None:
         return {}
     X1 = jnp.asarray(res.X_train[:1])
-    y1 = jnp.asarray(res.y_train[:1], _float_dtype())
+    y1 = jnp.asarray(res.y_train[:1], float_dtype())
 
     def one(k):
         tr = trace(seed(substitute(guide, data=res.params), k)).get_trace(X1, y1, res.num_data)
@@ -110,16 +112,6 @@ def _hyper_log_densities(family, num_data: int, params, values: dict, X1, y1):
     log_q = sum(jnp.sum(guide_tr[k]["fn"].log_prob(v)) for k, v in values.items())
     log_p = sum(jnp.sum(model_tr[k]["fn"].log_prob(v)) for k, v in values.items())
     return log_q, log_p
-
-
-def _check_inputs(res: FitResult, X, argument: str = "X") -> np.ndarray:
-    X = as_float_array(X, argument, ndim=2)
-    if X.shape[1] != res.X_train.shape[1]:
-        raise ShapeError(argument, f"has {X.shape[1]} columns; the model was fitted on {res.X_train.shape[1]}")
-    check = getattr(res.spec.kernel, "validate_inputs", None)
-    if check is not None:
-        check(X)
-    return X.astype(_float_dtype())
 
 
 def _check_draws(res: FitResult, draws: InducingDraws) -> None:
@@ -163,7 +155,7 @@ def sample_inducing(res: FitResult, num_draws: int, key) -> InducingDraws:
     key_h, key_u = jax.random.split(key)
     hyper = _sample_hyper(res, key_h, int(num_draws))
     X1 = jnp.asarray(res.X_train[:1])
-    y1 = jnp.asarray(res.y_train[:1], _float_dtype())
+    y1 = jnp.asarray(res.y_train[:1], float_dtype())
     keys = jax.random.split(key_u, int(num_draws))
     u, log_q, log_p = _draw_inducing(family, int(res.num_data), res.params, hyper, keys, X1, y1)
     return InducingDraws(
@@ -224,7 +216,7 @@ def conditional_given_u(res: FitResult, X, draws: InducingDraws):
     """
     family = _check_family(res)
     _check_draws(res, draws)
-    X = _check_inputs(res, X)
+    X = check_new_inputs(res, X, "X")
     hyper = {k: jnp.asarray(v) for k, v in draws.hyper.items()}
     means, vars_ = [], []
     for n, Xc, _ in _chunks(X):
@@ -274,14 +266,14 @@ def pointwise_given_u(res: FitResult, X, y, draws: InducingDraws, key) -> Pointw
     replicates y_n ~ p(y_n | u_s) ``[S, N]``, in chunks of ``CHUNK_ROWS`` inputs."""
     family = _check_family(res)
     _check_draws(res, draws)
-    X = _check_inputs(res, X)
+    X = check_new_inputs(res, X, "X")
     y = res.spec.likelihood.validate_targets(y)
     if y.shape[0] != X.shape[0]:
         raise ShapeError("y", f"has {y.shape[0]} rows but X has {X.shape[0]}")
     hyper = {k: jnp.asarray(v) for k, v in draws.hyper.items()}
     u = jnp.asarray(draws.u)
     logs, reps = [], []
-    for i, (n, Xc, (yc,)) in enumerate(_chunks(X, np.asarray(y, _float_dtype()))):
+    for i, (n, Xc, (yc,)) in enumerate(_chunks(X, np.asarray(y, float_dtype()))):
         log_lik, y_rep = _pointwise_chunk(family, res.params, hyper, u, jnp.asarray(Xc), jnp.asarray(yc), jax.random.fold_in(key, i))
         logs.append(np.asarray(log_lik, np.float64)[:, :n])
         reps.append(np.asarray(y_rep)[:, :n])

@@ -1,19 +1,22 @@
-"""The sparse variational GP as a NumPyro model + custom guide (van der Wilk et al. 2017, §2.1, eq. 5–6).
+"""The sparse variational GP as a generative NumPyro model + custom guide (van der Wilk et al. 2017, §2.1, eq. 5–6).
 
-Model::
+Model (a generative program: ``Predictive`` draws y, ``MCMC(NUTS)`` samples it, ``az.from_numpyro``
+finds its log-likelihood)::
 
     θ ~ p(θ) or θ = numpyro.param          (kernel / likelihood / inducing hyperparameters)
-    u ~ p(u) = N(0, Kuu)  (or v ~ N(0, I) whitened)                       site "u"
-    for n in plate("data", N, subsample B):  factor E_q(f_n)[log p(y_n | f_n)]  site "ell"
+    u ~ p(u) = N(0, Kuu)  (or v ~ N(0, I) whitened)                       site "u"  [L, GM]
+    for n in plate("data", N, subsample B):
+        f_n | u ~ N(Kfu Kuu⁻¹ u, Kff − Qff)                                 site "f"  [B, L]
+        y_n | f_n ~ p(y | f_n)            (the likelihood's distribution)   site "y"  [B], observed
 
-Guide: ``u ~ q(u)`` (:class:`gpzoo.inference.guides.InducingPosterior`) plus, when some hyperparameters
-have priors, a mean-field normal guide over them (``AutoNormal`` on those sites only).
-
-``TraceMeanField_ELBO`` then gives exactly Σ_n E_q(f_n)[log p(y_n|f_n)] − KL[q(u) || p(u)]:
-the KL through the analytic registration of the (q, p) pair, the expectation inside the factor
-(analytic / Gauss–Hermite / Monte Carlo as the likelihood decides), scaled N/B by the plate.
-The model reads ``q_mu`` / ``q_sqrt`` — the same NumPyro params the guide declares — to form
-q(f_n); this is the inter-domain SVGP of GPflow written in NumPyro idiom.
+Guide: ``u ~ q(u)`` (:class:`gpzoo.inference.guides.InducingPosterior`) and ``f`` from the same
+conditional p(f | u), plus, when some hyperparameters have priors, a mean-field normal guide over
+them (``AutoNormal`` on those sites only). With f drawn from the same conditional in model and
+guide, ``Trace_ELBO`` is the SVGP bound Σ_n E_q(f_n)[log p(y_n|f_n)] − KL[q(u) || p(u)];
+:class:`gpzoo.inference.elbo.FastELBO` computes it with the KL analytic and the expectation
+analytic / by quadrature, reading the model's ``y`` site's ``infer["expected_log_lik"]``.
+Only the model's conditional is ever evaluated by the fast bound: the guide's copy is dead code
+that XLA removes from the compiled step.
 """
 
 from __future__ import annotations
@@ -21,33 +24,44 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpyro
+import numpyro.distributions as dist
 from numpyro.distributions import Distribution
 from numpyro.distributions.kl import kl_divergence
 from numpyro.infer.autoguide import AutoNormal
 
+from gpzoo.inference.elbo import EXPECTED_LOG_LIK, INDUCING_SITE_KEY, LATENT_SITE_KEY
 from gpzoo.inference.guides import InducingPosterior, InducingPrior, conditional, variational_params
 from gpzoo.inference.inducing import InducingVariables, Kuf, Kuu
 from gpzoo.inference.linalg import cholesky_with_jitter
 from gpzoo.models.errors import InvalidArgumentError
 from gpzoo.models.zoo import ModelSpec
 
-__all__ = ["SVGP", "Parts"]
+__all__ = ["SVGP", "Parts", "has_prior"]
 
 KERNEL_SITE, LIKELIHOOD_SITE, INDUCING_SITE = "kernel", "likelihood", "inducing"
+#: Sample sites of the generative program: inducing outputs, latent values, observations.
+U_SITE, F_SITE, Y_SITE = "u", "f", "y"
+#: Smallest variance of p(f | u) handed to a Normal (Kff − Qff is ~0 at the inducing inputs).
+MIN_CONDITIONAL_VARIANCE = 1e-12
 
 
 @dataclasses.dataclass(frozen=True)
 class Parts:
-    """A realised model: hyperparameters bound, Kuu factorised, q(u) parameters read."""
+    """A realised model: hyperparameters bound, Kuu factorised and, for evaluation, q(u) read."""
 
     kernel: object
     likelihood: object
     inducing: InducingVariables
     Luu: jax.Array  # [G, M, M]
     jitter: jax.Array  # scalar actually used
-    q_mu: jax.Array  # [L, GM]
-    q_sqrt: jax.Array
+    q_mu: jax.Array | None = None  # [L, GM]
+    q_sqrt: jax.Array | None = None
+
+    def with_posterior(self, q_u: InducingPosterior) -> "Parts":
+        """These parts with q(u) taken from a guide's distribution."""
+        return dataclasses.replace(self, q_mu=q_u.q_mu, q_sqrt=q_u.q_sqrt)
 
 
 class SVGP:
@@ -60,22 +74,36 @@ class SVGP:
                 return Kuu(inducing.realise(INDUCING_SITE), spec.kernel.realise(KERNEL_SITE))  # [G, M, M]
 
         self.num_groups = int(jax.eval_shape(kuu_at_init).shape[0])  # shapes only: nothing is computed
-        hyper_model = numpyro.handlers.block(self.model, hide=["u"])
-        self.hyper_guide = AutoNormal(hyper_model) if _has_prior(spec) else None
+        hyper_model = numpyro.handlers.block(self.model, hide=[U_SITE, F_SITE])
+        self.hyper_guide = AutoNormal(hyper_model) if has_prior(spec) else None
 
     # ------------------------------------------------------------------ shared pieces
-    def parts(self) -> Parts:
-        """Realise hyperparameters and q(u) inside the current NumPyro context."""
+    def prior_parts(self) -> Parts:
+        """Realise the hyperparameters and factorise Kuu inside the current NumPyro context (no q(u))."""
         spec = self.spec
         kernel = spec.kernel.realise(KERNEL_SITE)
         likelihood = spec.likelihood.realise(LIKELIHOOD_SITE)
         inducing = self.inducing.realise(INDUCING_SITE)
         Luu, jitter = cholesky_with_jitter(Kuu(inducing, kernel), spec.jitter)  # [G, M, M]
-        q_mu, q_sqrt = variational_params(
-            self.num_latent, self.num_groups, self.inducing.num_inducing, spec.q_structure,
-            init_sqrt=None if spec.whiten else self._init_unwhitened_sqrt(),
+        return Parts(kernel, likelihood, inducing, Luu, jitter)
+
+    def variational_params(self):
+        """Declare q(u)'s ``q_mu`` ``[L, GM]`` and ``q_sqrt`` params (shared by name with every caller)."""
+        return variational_params(
+            self.num_latent, self.num_groups, self.inducing.num_inducing, self.spec.q_structure,
+            init_sqrt=None if self.spec.whiten else self._init_unwhitened_sqrt(),
         )
-        return Parts(kernel, likelihood, inducing, Luu, jitter, q_mu, q_sqrt)
+
+    def parts(self) -> Parts:
+        """Realise hyperparameters and q(u) inside the current NumPyro context (evaluation, prediction)."""
+        q_mu, q_sqrt = self.variational_params()
+        return dataclasses.replace(self.prior_parts(), q_mu=q_mu, q_sqrt=q_sqrt)
+
+    def conditional_given_u(self, parts: Parts, X, u):
+        """Mean and variance ``[N, L]`` of p(f | u) at inputs X (q(u) a point mass at u ``[L, GM]``)."""
+        Kmn = Kuf(parts.inducing, parts.kernel, X)  # [G, M, N]
+        Kff_diag = parts.kernel.K_diag(X)  # [N]
+        return conditional(Kmn, parts.Luu, Kff_diag, u, jnp.zeros_like(u), "diag", self.spec.whiten)
 
     def latent_moments(self, parts: Parts, X):
         """q(f) marginals at inputs X: mean, var ``[N, L]``."""
@@ -89,9 +117,14 @@ class SVGP:
         return bool(self.spec.likelihood.stochastic_expectation)
 
     def expected_log_lik(self, parts: Parts, X, y, key=None):
-        """E_q(f_n)[log p(y_n | f_n)], ``[N]``."""
+        """E_q(f_n)[log p(y_n | f_n)], ``[N]``: a function of ``parts`` (with q(u)), calling no NumPyro primitive."""
         mean, var = self.latent_moments(parts, X)
         return parts.likelihood.variational_expectation(y, mean, var, key=key)
+
+    def data_term_inputs(self, X, y, data_indices=None, num_data=None) -> dict:
+        """Extra keyword arguments of :meth:`expected_log_lik` that live in NumPyro params (e.g. per-datum
+        variational parameters); read inside the model's NumPyro context. None for the plain SVGP."""
+        return {}
 
     def prior(self, parts: Parts) -> InducingPrior:
         return InducingPrior(parts.Luu, self.num_latent, self.spec.whiten)
@@ -105,26 +138,57 @@ class SVGP:
     #: ``num_data``) to :meth:`expected_log_lik`.
     needs_data_indices = False
 
-    def model(self, X, y, num_data=None, data_indices=None):
-        """X, y: a minibatch (or all data); ``num_data``: N of the full data set (N/B scaling);
-        ``data_indices`` ``[B]``: the rows' positions in the training set (``needs_data_indices``)."""
-        parts = self.parts()
-        numpyro.deterministic("jitter", parts.jitter)
-        numpyro.sample("u", self.prior(parts))
-        batch = X.shape[0]
-        key = numpyro.prng_key() if parts.likelihood.stochastic_expectation else None
-        rows = {} if data_indices is None else {"data_indices": data_indices, "num_data": num_data or batch}
-        with numpyro.plate("data", num_data or batch, subsample_size=batch):
-            numpyro.factor("ell", self.expected_log_lik(parts, X, y, key, **rows))
+    def model(self, X, y=None, num_data=None, data_indices=None):
+        """The generative program (module docstring) for a minibatch X ``[B, D]`` (and y ``[B]``, or None to draw it).
 
-    def guide(self, X, y, num_data=None, data_indices=None):
-        if self.hyper_guide is not None:
-            self.hyper_guide(X, y, num_data)
-        parts_q = variational_params(
-            self.num_latent, self.num_groups, self.inducing.num_inducing, self.spec.q_structure,
-            init_sqrt=None if self.spec.whiten else self._init_unwhitened_sqrt(),
-        )
-        numpyro.sample("u", InducingPosterior(*parts_q, self.spec.q_structure))
+        ``num_data``: N of the full data set (N/B scaling); ``data_indices`` ``[B]``: the rows'
+        positions in the training set (``needs_data_indices``).
+        """
+        parts = self.prior_parts()
+        numpyro.deterministic("jitter", parts.jitter)
+        u = numpyro.sample(U_SITE, self.prior(parts))  # [L, GM]
+        batch = X.shape[0]
+        infer = {}
+        if y is not None:
+            inputs = self.data_term_inputs(X, y, data_indices, num_data or batch)
+
+            def expected_log_lik(q_u, key):  # [B]; the fast ELBO's data term (gpzoo.inference.elbo)
+                return self.expected_log_lik(parts.with_posterior(q_u), X, y, key, **inputs)
+
+            infer = {EXPECTED_LOG_LIK: expected_log_lik, INDUCING_SITE_KEY: U_SITE, LATENT_SITE_KEY: F_SITE}
+        with numpyro.plate("data", num_data or batch, subsample_size=batch):
+            f = numpyro.sample(F_SITE, self._latent(parts, X, u))  # [B, L]
+            numpyro.sample(Y_SITE, parts.likelihood.distribution(f), obs=self._observed(y), infer=infer)
+
+    def guide(self, X, y=None, num_data=None, data_indices=None):
+        """q(θ) (sampled hyperparameters, if any), q(u), and f from the model's conditional p(f | u)."""
+        hyper = self.hyper_guide(X, y, num_data) if self.hyper_guide is not None else {}
+        q_mu, q_sqrt = self.variational_params()
+        u = numpyro.sample(U_SITE, InducingPosterior(q_mu, q_sqrt, self.spec.q_structure))  # [L, GM]
+        # the hyperparameters' sample sites belong to the hyper guide: here they only take its values
+        with numpyro.handlers.block(hide_fn=lambda site: site["type"] == "sample"), numpyro.handlers.substitute(data=hyper):
+            parts = self.prior_parts()
+        batch = X.shape[0]
+        with numpyro.plate("data", num_data or batch, subsample_size=batch):
+            numpyro.sample(F_SITE, self._latent(parts, X, u))  # [B, L]
+
+    def _latent(self, parts: Parts, X, u) -> dist.Distribution:
+        """p(f | u) as independent Normals: batch ``[B]``, event ``[L]``."""
+        mean, var = self.conditional_given_u(parts, X, u)  # [B, L] x2
+        return dist.Normal(mean, jnp.sqrt(jnp.maximum(var, MIN_CONDITIONAL_VARIANCE))).to_event(1)
+
+    def _observed(self, y):
+        """y as the observation site takes it: integer labels for classification and count likelihoods."""
+        if y is None or self.spec.likelihood.task == "regression":
+            return y
+        return jnp.asarray(y).astype(jnp.int32)
+
+    def jitter_used(self, params) -> jax.Array:
+        """The jitter the Cholesky of Kuu needs at constrained ``params`` (scalar; > spec.jitter after an increase)."""
+        with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=0):
+            kernel = self.spec.kernel.realise(KERNEL_SITE)
+            inducing = self.inducing.realise(INDUCING_SITE)
+            return cholesky_with_jitter(Kuu(inducing, kernel), self.spec.jitter)[1]
 
     def check_analytic_kl(self) -> None:
         """Raise ``TypeError`` unless KL[q(u) || p(u)] is analytic (no silent Monte Carlo fallback)."""
@@ -140,13 +204,13 @@ class SVGP:
 
     def _init_unwhitened_sqrt(self):
         """chol Kuu at the initial hyperparameters (q(u) starts at the prior), or the identity."""
-        if _has_prior(self.spec):
+        if has_prior(self.spec):
             return None
         K = Kuu(self.inducing.resolved(), self.spec.kernel.resolved())
         return cholesky_with_jitter(K, self.spec.jitter)[0]
 
 
-def _has_prior(spec: ModelSpec) -> bool:
+def has_prior(spec: ModelSpec) -> bool:
     leaves = jax.tree_util.tree_leaves(
         (spec.kernel, spec.likelihood), is_leaf=lambda x: isinstance(x, Distribution)
     )

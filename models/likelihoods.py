@@ -44,6 +44,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import gammaln, log_ndtr, logsumexp
+import numpyro.distributions as dist
+from jax.scipy.special import ndtr
 from numpyro.distributions import constraints
 
 from gpzoo.models.errors import DataError, HyperparameterError, InvalidArgumentError, as_float_array, is_concrete
@@ -78,6 +80,11 @@ class Likelihood(Parameterised):
         return as_float_array(y, "y", ndim=1)
 
     def variational_expectation(self, y, mean, var, key=None):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def distribution(self, f) -> dist.Distribution:  # pragma: no cover - abstract
+        """p(y | f) as a NumPyro distribution of batch shape ``[N]`` for latent values f ``[N, L]``:
+        the observation site of the generative model (:mod:`gpzoo.inference.svgp`)."""
         raise NotImplementedError
 
     def predict_mean_and_var(self, mean, var):  # pragma: no cover - abstract
@@ -219,6 +226,9 @@ class Gaussian(Likelihood):
     def predict_mean_and_var(self, mean, var):
         return mean, var + self.resolved().noise_variance
 
+    def distribution(self, f) -> dist.Distribution:
+        return dist.Normal(f[..., 0], jnp.sqrt(self.resolved().noise_variance))  # batch [N]
+
     @jax.jit
     def predict_log_density(self, y, mean, var, key=None):
         y, mu, v = jnp.asarray(y, mean.dtype), mean[:, 0], var[:, 0] + self.resolved().noise_variance  # [N]
@@ -275,6 +285,11 @@ class Bernoulli(Likelihood):
             lambda f: self._log_link(sign[:, None] * f), mean[:, 0], var[:, 0], self.num_gauss_hermite
         )
 
+    def distribution(self, f) -> dist.Distribution:
+        if self.link == "probit":
+            return dist.BernoulliProbs(ndtr(f[..., 0]))  # batch [N]
+        return dist.BernoulliLogits(f[..., 0])  # batch [N]
+
     @jax.jit
     def predict_probs(self, mean, var, key=None):
         """[p(y*=0), p(y*=1)] per datum, ``[N, 2]``."""
@@ -330,6 +345,9 @@ class Poisson(Likelihood):
         # y [N], mean/var [N, 1] -> [N]
         y, mu, v = jnp.asarray(y, mean.dtype), mean[:, 0], var[:, 0]
         return y * (mu + math.log(self.binsize)) - self.binsize * jnp.exp(mu + 0.5 * v) - gammaln(y + 1.0)
+
+    def distribution(self, f) -> dist.Distribution:
+        return dist.Poisson(self.binsize * jnp.exp(f[..., 0]))  # batch [N]
 
     @jax.jit
     def predict_mean_and_var(self, mean, var):
@@ -419,6 +437,9 @@ class Softmax(_Categorical):
         labels = jnp.asarray(y).astype(jnp.int32)  # [N]
         return jnp.mean(jnp.take_along_axis(log_p, labels[None, :, None], axis=-1)[..., 0], axis=0)
 
+    def distribution(self, f) -> dist.Distribution:
+        return dist.CategoricalLogits(f)  # batch [N], f [N, C]
+
     @jax.jit
     def predict_probs(self, mean, var, key=None):
         log_p = self._log_softmax_samples(mean, var, self._prediction_key(key))  # [S, N, C]
@@ -479,6 +500,11 @@ class RobustMax(_Categorical):
         hit, miss = self._hit_and_miss(p_max.dtype)
         return miss + p_max * (hit - miss)
 
+    def distribution(self, f) -> dist.Distribution:
+        hit, miss = self._hit_and_miss(f.dtype)
+        is_max = jax.nn.one_hot(jnp.argmax(f, axis=-1), self.num_classes, dtype=f.dtype)  # [N, C]
+        return dist.CategoricalProbs(miss + is_max * (hit - miss))  # batch [N]
+
     @jax.jit
     def predict_log_density(self, y, mean, var, key=None):
         probs = self.predict_probs(mean, var)  # [N, C]
@@ -521,6 +547,9 @@ class OneHotGaussian(_Categorical):
     def predict_mean_and_var(self, mean, var):
         return mean, var + self.resolved().noise_variance
 
+    def distribution(self, f) -> dist.Distribution:
+        return OneHotNormal(f, jnp.sqrt(self.resolved().noise_variance))  # batch [N]
+
     @jax.jit
     def predict_probs(self, mean, var, key=None):
         return jnp.exp(_log_prob_is_max_all(mean, var, self.num_gauss_hermite))  # [N, C]
@@ -530,3 +559,32 @@ class OneHotGaussian(_Categorical):
         log_p = _log_prob_is_max_all(mean, var, self.num_gauss_hermite)  # [N, C]
         labels = jnp.asarray(y).astype(jnp.int32)  # [N]
         return jnp.take_along_axis(log_p, labels[:, None], axis=-1)[:, 0]
+
+
+class OneHotNormal(dist.Distribution):
+    """Labels y ∈ {0..C−1} observed as one-hot vectors e_y with Gaussian noise: log p(y | f) = Σ_c log N(e_{y,c}; f_c, s²).
+
+    The observation site of :class:`OneHotGaussian`. Its ``log_prob`` is the regression density of
+    the one-hot vector (it does not sum to one over the C labels: the model is a regression on
+    e_y, van der Wilk et al. 2018, §5.2); ``sample`` returns the label of the largest noisy output,
+    argmax_c (f_c + ε_c), the class decision the model makes for a draw of f.
+    """
+
+    arg_constraints = {"f": constraints.real, "scale": constraints.positive}
+    pytree_data_fields = ("f", "scale")
+
+    def __init__(self, f, scale, *, validate_args=None):
+        self.f, self.scale = f, scale  # f [N, C], scale scalar
+        super().__init__(batch_shape=jnp.shape(f)[:-1], event_shape=(), validate_args=validate_args)
+
+    @constraints.dependent_property(is_discrete=True, event_dim=0)
+    def support(self):
+        return constraints.integer_interval(0, self.f.shape[-1] - 1)
+
+    def sample(self, key, sample_shape=()):
+        noisy = self.f + self.scale * jax.random.normal(key, sample_shape + self.f.shape, self.f.dtype)  # [..., N, C]
+        return jnp.argmax(noisy, axis=-1)
+
+    def log_prob(self, value):
+        onehot = jax.nn.one_hot(jnp.asarray(value).astype(jnp.int32), self.f.shape[-1], dtype=self.f.dtype)  # [..., N, C]
+        return jnp.sum(dist.Normal(self.f, self.scale).log_prob(onehot), axis=-1)  # [..., N]

@@ -571,7 +571,7 @@ def fitted():
 @pytest.mark.parametrize("name", ["conv", "conv+rbf"])
 def test_tiny_fit_improves_elbo(fitted, name):
     res = fitted[2][name]
-    elbo = res.elbo_history
+    elbo = res.objective_history
     assert len(elbo) == 60 and np.all(np.isfinite(elbo))
     assert elbo[-5:].mean() > elbo[:5].mean() + 1.0
 

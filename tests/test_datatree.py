@@ -76,7 +76,7 @@ def test_groups_dims_and_coords(regression):
     assert dt.sample_stats["log_p"].dims == ("chain", "draw")
     assert np.all(np.isfinite(dt.sample_stats["log_q"].values))
     opt = dt.optimization
-    np.testing.assert_allclose(opt["elbo"].values, res.elbo_history)
+    np.testing.assert_allclose(opt["elbo"].values, res.objective_history)
     assert opt["elbo"].sizes["step"] == 100 and "learning_rate" in opt
     assert float(opt["kernel.lengthscale"]) == pytest.approx(float(res.params["kernel.lengthscale"]))
     assert dt.attrs["loo_var_name"] == "y_train" and dt.attrs["task"] == "regression"

@@ -44,10 +44,10 @@ def test_checkpoint_round_trip_and_resume_match_uninterrupted_run(tmp_path, data
     fit(spec, X, y, steps=20, checkpoint_dir=tmp_path / "ck", **kw)
     config, params, _, history = load_checkpoint(tmp_path / "ck")
     assert config["step"] == 20 and config["model"] == "svgp-rbf"
-    assert history["elbo"].shape == (20,)
+    assert history["objective"].shape == (20,)
     resumed = fit(spec, X, y, steps=40, checkpoint_dir=tmp_path / "ck", resume=True, **kw)
     _same_params(full.params, resumed.params)
-    np.testing.assert_array_equal(full.elbo_history, resumed.elbo_history)
+    np.testing.assert_array_equal(full.objective_history, resumed.objective_history)
     # the files on disk are plain npz/json (no pickle) and hold the final parameters
     _, params, _, _ = load_checkpoint(tmp_path / "ck")
     _same_params(params, resumed.params)
@@ -96,7 +96,7 @@ def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path, data,
     config, params, _, history = load_checkpoint(tmp_path / "ck")
     assert config["step"] == 12
     assert all(np.all(np.isfinite(v)) for v in params.values())
-    assert np.all(np.isfinite(history["elbo"])) and history["elbo"].shape == (12,)
+    assert np.all(np.isfinite(history["objective"])) and history["objective"].shape == (12,)
 
 
 def test_cholesky_retries_with_larger_jitter_and_reports_it():
@@ -167,8 +167,8 @@ def test_progress_bar_and_history(data, spec, capsys):
     res = fit(spec, X, y, steps=30, progress=True, learning_rate=optax.linear_schedule(0.05, 0.01, 30))
     err = capsys.readouterr().err
     assert "fit svgp-rbf" in err
-    assert res.elbo_history.shape == (30,) and res.learning_rate_history.shape == (30,)
-    np.testing.assert_allclose(res.learning_rate_history[[0, -1]], [0.05, 0.05 - 0.04 * 29 / 30])
+    assert res.objective_history.shape == (30,) and res.step_size_history.shape == (30,)
+    np.testing.assert_allclose(res.step_size_history[[0, -1]], [0.05, 0.05 - 0.04 * 29 / 30])
     json.dumps(res.diagnostics)  # diagnostics are plain JSON-able values
 
 
@@ -204,16 +204,16 @@ def test_ctrl_c_checkpoints_the_last_completed_chunk_and_resume_reproduces(tmp_p
     X, y = data
     kw = dict(batch_size=20, seed=5, progress=False, checkpoint_every=100, chunk_size=6)
     full = fit(spec, X, y, steps=30, **kw)
-    fit_module = sys.modules["gpzoo.inference.fit"]  # `inference.fit` names the function
-    monkeypatch.setattr(fit_module, "tqdm", lambda *a, **k: _InterruptingBar(2, *a, **k))
+    runner_module = sys.modules["gpzoo.inference.runner"]
+    monkeypatch.setattr(runner_module, "tqdm", lambda *a, **k: _InterruptingBar(2, *a, **k))
     with pytest.raises(KeyboardInterrupt):
         fit(spec, X, y, steps=30, checkpoint_dir=tmp_path / "ck", **kw)
     config, _, _, history = load_checkpoint(tmp_path / "ck")
-    assert config["step"] == 12 and history["elbo"].shape == (12,)  # two chunks of 6 were complete
+    assert config["step"] == 12 and history["objective"].shape == (12,)  # two chunks of 6 were complete
     monkeypatch.undo()
     resumed = fit(spec, X, y, steps=30, checkpoint_dir=tmp_path / "ck", resume=True, **kw)
     _same_params(full.params, resumed.params)
-    np.testing.assert_array_equal(full.elbo_history, resumed.elbo_history)
+    np.testing.assert_array_equal(full.objective_history, resumed.objective_history)
 
 
 def test_ctrl_c_during_a_checkpoint_write_waits_for_the_write(tmp_path, monkeypatch):

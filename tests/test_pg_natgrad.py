@@ -56,7 +56,7 @@ def _q_moments(res):
 
 
 def test_cavi_increases_the_bound_monotonically_and_converges_fast(cavi):
-    bounds = cavi.elbo_history
+    bounds = cavi.objective_history
     assert np.all(np.diff(bounds) >= -1e-9 * np.abs(bounds[1:]))  # coordinate ascent
     assert bounds[-1] - bounds[0] > 1.0
     assert abs(bounds[10] - bounds[-1]) < 1e-4  # ~10 sweeps reach the fixed point
@@ -112,9 +112,9 @@ def test_minibatch_natural_gradient_reaches_the_full_batch_optimum(data, cavi):
     X, y = data
     res = fit_pg_natgrad(cavi.spec, X, y, steps=300, batch_size=15, step_size=robbins_monro(tau=1.0, kappa=0.6),
                          inducing=cavi.inducing, progress=False)
-    assert res.learning_rate_history[0] == 1.0 and res.learning_rate_history[-1] == pytest.approx(300**-0.6)
+    assert res.step_size_history[0] == 1.0 and res.step_size_history[-1] == pytest.approx(300**-0.6)
     full = float(pg_bound(res.family, res.params, jnp.asarray(X), jnp.asarray(y)))
-    optimum = cavi.final_elbo
+    optimum = cavi.final_objective
     assert full <= optimum + 1e-8
     assert optimum - full < 1e-3  # nats, on a bound of −34 (observed 1.3e-4)
 
@@ -129,7 +129,7 @@ def test_zoo_model_fits_two_moons_and_predicts():
     pred = predict(res, moons.X_test)
     assert np.mean((pred.probs[:, 1] > 0.5) == moons.y_test) >= 0.9
     elbo = evaluate_elbo(res)
-    assert np.isfinite(elbo.elbo) and elbo.elbo >= res.final_elbo - 1.0
+    assert np.isfinite(elbo.elbo) and elbo.elbo >= res.final_objective - 1.0
     assert set(res.params) == {"inducing.Z", "kernel.lengthscale", "kernel.variance", "q_mu", "q_sqrt"}
 
 
@@ -166,16 +166,16 @@ def test_checkpointed_resume_reproduces_the_uninterrupted_run(tmp_path, data, tr
     full = fit(spec, X, y, steps=14, **kw)
     fit(spec, X, y, steps=9, checkpoint_dir=tmp_path / "ck", **kw)
     config, _, _, history = load_checkpoint(tmp_path / "ck")
-    assert config["step"] == 9 and config["method"] == "svgp-logistic-pg" and history["elbo"].shape == (9,)
+    assert config["step"] == 9 and config["method"] == "svgp-logistic-pg" and history["objective"].shape == (9,)
     resumed = fit(spec, X, y, steps=14, checkpoint_dir=tmp_path / "ck", resume=True, **kw)
     assert full.params.keys() == resumed.params.keys()
     for name in full.params:
         np.testing.assert_array_equal(full.params[name], resumed.params[name], err_msg=name)
-    np.testing.assert_array_equal(full.elbo_history, resumed.elbo_history)
-    np.testing.assert_array_equal(full.learning_rate_history, resumed.learning_rate_history)
+    np.testing.assert_array_equal(full.objective_history, resumed.objective_history)
+    np.testing.assert_array_equal(full.step_size_history, resumed.step_size_history)
     if trained:
         assert not np.allclose(resumed.params["kernel.lengthscale"], 1.0)
-        assert not np.allclose(resumed.learning_rate_history, 1.0)  # Robbins–Monro ρ_t carried across the resume
+        assert not np.allclose(resumed.step_size_history, 1.0)  # Robbins–Monro ρ_t carried across the resume
     # an SVI checkpoint of the same model name is refused
     svi_spec = zoo.get("svgp-rbf", input_dim=2, task="binary", num_inducing=6).replace(name="svgp-logistic-pg")
     with pytest.raises(CheckpointError, match="method"):
@@ -191,8 +191,8 @@ def test_nan_guard_stops_the_pg_path_at_the_first_bad_step(tmp_path, data):
                        checkpoint_dir=tmp_path / "ck", progress=False)
     assert info.value.step == 8 and "step 8" in str(info.value) and "step 7" in str(info.value)
     config, params, _, history = load_checkpoint(tmp_path / "ck")
-    assert config["step"] == 7 and history["elbo"].shape == (7,)
-    assert all(np.all(np.isfinite(v)) for v in params.values()) and np.all(np.isfinite(history["elbo"]))
+    assert config["step"] == 7 and history["objective"].shape == (7,)
+    assert all(np.all(np.isfinite(v)) for v in params.values()) and np.all(np.isfinite(history["objective"]))
 
 
 # ----------------------------------------------------------------------------- the fixed-feature fast path
@@ -205,11 +205,11 @@ def test_fast_path_equals_natural_steps_on_recomputed_features(data, monkeypatch
     spec = zoo.get("svgp-logistic-pg", input_dim=2, num_inducing=6, learn_hyperparameters=False, whiten=False)
     rho = robbins_monro()
     res = fit_pg_natgrad(spec, X, y, steps=12, batch_size=15, step_size=rho, seed=4, progress=False)
-    from gpzoo.inference.fit import _BatchSchedule
+    from gpzoo.inference.data import BatchSchedule
 
     params = {k: jnp.asarray(v) for k, v in res.params.items()}
     params["q_mu"], params["q_sqrt"] = jnp.zeros((1, 6)), res.family._init_unwhitened_sqrt()  # the prior
-    batches, Xj, yj = _BatchSchedule(60, 15, 4), jnp.asarray(X), jnp.asarray(y)
+    batches, Xj, yj = BatchSchedule(60, 15, 4), jnp.asarray(X), jnp.asarray(y)
     bounds = []
     for t in range(12):
         idx = batches(t)
@@ -218,7 +218,7 @@ def test_fast_path_equals_natural_steps_on_recomputed_features(data, monkeypatch
         bounds.append(float(bound))
     np.testing.assert_allclose(res.params["q_mu"], params["q_mu"], rtol=1e-9, atol=1e-10)
     np.testing.assert_allclose(res.params["q_sqrt"], params["q_sqrt"], rtol=1e-9, atol=1e-10)
-    np.testing.assert_allclose(res.elbo_history, bounds, rtol=1e-10)
+    np.testing.assert_allclose(res.objective_history, bounds, rtol=1e-10)
     monkeypatch.setattr(pg, "FEATURE_CACHE_ELEMENTS", 0)
     uncached = fit_pg_natgrad(spec, X, y, steps=12, batch_size=15, step_size=rho, seed=4, progress=False)
     np.testing.assert_allclose(uncached.params["q_sqrt"], res.params["q_sqrt"], rtol=1e-9, atol=1e-10)
@@ -262,7 +262,7 @@ def test_anderson_accelerated_cavi_reaches_the_cavi_fixed_point_in_fewer_sweeps(
     X, y = data
     res = fit_pg_natgrad(cavi.spec, X, y, steps=30, inducing=cavi.inducing, acceleration="anderson", progress=False)
     assert res.diagnostics["acceleration"] == "anderson"
-    bounds, plain = res.elbo_history, cavi.elbo_history
+    bounds, plain = res.objective_history, cavi.objective_history
     optimum = float(pg_bound(cavi.family, cavi.params, jnp.asarray(X), jnp.asarray(y)))
     assert float(pg_bound(res.family, res.params, jnp.asarray(X), jnp.asarray(y))) == pytest.approx(optimum, abs=1e-8)
     mean_a, cov_a = _q_moments(res)

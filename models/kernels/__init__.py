@@ -19,6 +19,7 @@ from gpzoo.models.kernels.invariant import (
     InvariantKernel,
     LocalDeformation,
     Orbit,
+    OrbitSum,
     RotationAugmentation,
 )
 from gpzoo.models.kernels.dot_product import Constant, Linear, Polynomial, White
@@ -41,7 +42,6 @@ from gpzoo.models.kernels.symmetry import (
     ImageSymmetries,
     OrbitProduct,
     OrbitProjection,
-    OrbitSum,
     PermutationGroup,
     Reflection,
     SwapInputs,

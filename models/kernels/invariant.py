@@ -54,6 +54,7 @@ __all__ = [
     "InvariantKernel",
     "LocalDeformation",
     "Orbit",
+    "OrbitSum",
     "RotationAugmentation",
     "pair_sum",
     "warp_images",
@@ -117,6 +118,7 @@ class FiniteOrbit(Orbit):
     group: FiniteGroup = static()
     num_samples: int | None = static(None)
     replace: bool = static(False)
+    average: bool = static(False)
 
     def __post_init__(self):
         if not isinstance(self.group, FiniteGroup):
@@ -135,8 +137,8 @@ class FiniteOrbit(Orbit):
 
     @property
     def normalised(self) -> bool:
-        """True when the kernel is the orbit *average* (with-replacement draws estimate (1/G²) Σ Σ)."""
-        return self.replace
+        """True when the kernel is the orbit *average* (1/G²) Σ Σ (with-replacement draws estimate it)."""
+        return self.replace or self.average
 
     def pair_weights(self) -> tuple[float, float]:
         G, S = self.group.order, self.sample_size
@@ -471,3 +473,17 @@ class InvariantKernel(Kernel):
         blocks = jax.vmap(self.base_kernel.K, in_axes=1)(samples)  # [N, S, S]
         diagonal = jnp.trace(blocks, axis1=1, axis2=2)  # [N]
         return w_off * (jnp.sum(blocks, axis=(1, 2)) - diagonal) + w_diag * diagonal  # [N]
+
+
+def OrbitSum(base_kernel: Kernel, group: FiniteGroup, normalise: bool = False) -> InvariantKernel:  # noqa: N802 - a kernel constructor
+    """k(x, y) = c Σ_g Σ_g' k_base(g x, g' y), the sum over orbits (Duvenaud 2014, eq. 1.35; van der Wilk et al. 2017, eq. D.29).
+
+    The prior of f(x) = Σ_g f_base(g x) (van der Wilk et al. 2017, eq. D.30); c = 1, or 1/G² when
+    ``normalise`` (the prior of the orbit *average*). An :class:`InvariantKernel` over the whole
+    :class:`FiniteOrbit` of ``group``; costs G² base-kernel evaluations per pair of inputs.
+    """
+    if not isinstance(base_kernel, Kernel):
+        raise HyperparameterError("OrbitSum.base_kernel", f"must be a Kernel, got {type(base_kernel).__name__}")
+    if not isinstance(group, FiniteGroup):
+        raise HyperparameterError("OrbitSum.group", f"must be a FiniteGroup, got {type(group).__name__}")
+    return InvariantKernel(base_kernel, FiniteOrbit(group, average=bool(normalise)))

@@ -4,7 +4,9 @@ A GP sample is invariant, f(x) = f(g x) for all g ∈ G, iff its kernel is argum
 (Duvenaud 2014, eq. 1.34, van der Wilk et al. 2017, eq. D.28). Duvenaud 2014, §1.7.1 gives three recipes for building such a
 kernel from any base kernel k; each is a kernel here, with the group injected as an object:
 
-* ``OrbitSum``:        Σ_g Σ_g' k(g x, g' y)          (eq. 1.35, van der Wilk et al. 2017, eq. D.29)
+* ``OrbitSum``:        Σ_g Σ_g' k(g x, g' y)          (eq. 1.35, van der Wilk et al. 2017, eq. D.29); a
+  constructor of :class:`~gpzoo.models.kernels.invariant.InvariantKernel` with the whole orbit,
+  the one home of the double sum
 * ``OrbitProjection``: k(A_G(x), A_G(y))              (eq. 1.38; A_G maps onto a fundamental domain)
 * ``OrbitProduct``:    Π_g Π_g' k(g x, g' y)          (eq. 1.39)
 
@@ -31,7 +33,6 @@ __all__ = [
     "ImageSymmetries",
     "OrbitProduct",
     "OrbitProjection",
-    "OrbitSum",
     "PermutationGroup",
     "Reflection",
     "SwapInputs",
@@ -267,32 +268,6 @@ def _per_datum_blocks(base_kernel: Kernel, group: FiniteGroup, X):
     """k(g x_n, g' x_n) for every n: ``[N, G, G]``, batched, never the ``[N, N]`` matrix."""
     orbit_x = group.orbit(X)  # [G, N, D]
     return jax.vmap(base_kernel.K, in_axes=1)(orbit_x)  # [N, G, G]
-
-
-@kernel_class
-class OrbitSum(Kernel):
-    """k(x, y) = c Σ_g Σ_g' k_base(g x, g' y), the sum over orbits (Duvenaud 2014, eq. 1.35, van der Wilk et al. 2017, eq. D.29).
-
-    The prior of f(x) = Σ_g f_base(g x) (van der Wilk et al. 2017, eq. D.30); c = 1, or 1/G² when ``normalise``
-    (the prior of the orbit *average*). Costs G² base-kernel evaluations per pair of inputs.
-    """
-
-    base_kernel: Kernel
-    group: FiniteGroup = static()
-    normalise: bool = static(False)
-
-    def __post_init__(self):
-        _check_symmetrised(self)
-        super().__post_init__()
-
-    def _scale(self):
-        return 1.0 / self.group.order**2 if self.normalise else 1.0
-
-    def _K(self, X, Y):
-        return self._scale() * jnp.sum(_orbit_blocks(self.base_kernel, self.group, X, Y), axis=(0, 2))  # [N, M]
-
-    def _K_diag(self, X):
-        return self._scale() * jnp.sum(_per_datum_blocks(self.base_kernel, self.group, X), axis=(1, 2))  # [N]
 
 
 @kernel_class
