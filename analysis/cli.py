@@ -7,11 +7,15 @@
     gpzoo compare --data rectangles --models svgp-rbf,conv,weighted-conv --out reports/rectangles \
                   --option conv.patch_shape=5x5 --option svgp-rbf.ard=true
     gpzoo report  reports/rectangles        # rebuild every file from the saved DataTrees
+    gpzoo predict --model reports/rectangles/models/conv --data rectangles --out conv.csv   # or .nc
 
 Thin by design: it loads a dataset, builds specs from the zoo with the dataset's facts and the
 ``--option MODEL.KEY=VALUE`` values (parsed to the types the model's builder declares, see
 ``zoo.options``), calls ``inference.fit`` (progress bars) and ``analysis.report.report``, and
-prints a summary table.
+prints a summary table. ``fit`` and ``compare`` also save every fitted model to
+``OUT/models/NAME/`` (``gpzoo.save``: ``model.json`` + ``arrays.npz``; ``--no-save-models`` skips
+it), which ``predict`` reads back (``gpzoo.load``) to write predictions for a dataset's split as
+CSV or netCDF.
 Every failure is one line on stderr (``gpzoo: error: ...``) and a non-zero exit status:
 2 for bad usage (unknown model or dataset, incompatible pair, bad option), 1 for a failure while
 running (unwritable directory, diverged fit, broken report directory, or an unexpected error —
@@ -115,6 +119,9 @@ def _add_fit_options(parser, *, data_default):
     parser.add_argument("--option", dest="options", action="append", default=[], metavar="MODEL.KEY=VALUE",
                         help="a model option, e.g. conv.patch_shape=5x5 or svgp-rbf.ard=true (repeatable; "
                              "`gpzoo list --options` shows each model's)")
+    parser.add_argument("--save-models", action=argparse.BooleanOptionalAction, default=True,
+                        help="save each fitted model to OUT/models/NAME/ (model.json + arrays.npz) for `gpzoo predict "
+                             "--model` and gpzoo.load (default: on)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -131,6 +138,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fit_options(cmp_p, data_default=DEFAULT_DATA)
     rep_p = sub.add_parser("report", help="rebuild a report directory from its saved DataTrees (no refitting)")
     rep_p.add_argument("dir", type=Path, help="a directory written by `gpzoo fit` or `gpzoo compare`")
+    pred_p = sub.add_parser("predict", help="predict with a saved model on a dataset's split; write CSV or netCDF")
+    pred_p.add_argument("--model", required=True, type=Path,
+                        help="a saved model: OUT/models/NAME written by `gpzoo fit`/`compare`, or any gpzoo.save directory")
+    pred_p.add_argument("--data", required=True, help="dataset name (see `gpzoo list`); its inputs must match the model's")
+    pred_p.add_argument("--split", choices=("test", "train"), default="test", help="which split to predict (default %(default)s)")
+    pred_p.add_argument("--num-points", type=_count_or_all, default=None,
+                        help="points of the split: a dataset option where it has one, else a seeded subsample (default: all)")
+    pred_p.add_argument("--seed", type=_non_negative_int, default=None,
+                        help="seed of data generation and subsampling (default: the model's fit seed, as `gpzoo fit` used)")
+    pred_p.add_argument("--out", required=True, type=Path,
+                        help="output file: .csv (a row per point: index, f_mean/f_var per latent, y moments, class "
+                             "probabilities, predicted label, target) or .nc (the same as an xarray Dataset)")
     return parser
 
 
@@ -171,25 +190,28 @@ def _print_options(options, out) -> None:
         print(f"      {option.name}: {option.type_name} = {option.default!r}  {option.help}", file=out)
 
 
-def _load_data(args):
-    """The dataset, with train/test subsampled to --num-train/--num-test (loader options when it has them)."""
+def _dataset(name: str, seed: int, sizes: dict):
+    """Dataset ``name`` generated with ``seed``, passing the ``sizes`` (num_train, num_test) its loader takes."""
     from gpzoo.analysis import datasets  # noqa: PLC0415
 
-    if args.data not in datasets.names():
-        raise UsageError(f"unknown dataset {args.data!r}; valid: {', '.join(datasets.names())}")
-    options = datasets.dataset_options(args.data)
-    kwargs = {k: getattr(args, k) for k in ("num_train", "num_test") if k in options and getattr(args, k) is not None}
-    ds = datasets.load(args.data, seed=args.seed, **kwargs)
+    if name not in datasets.names():
+        raise UsageError(f"unknown dataset {name!r}; valid: {', '.join(datasets.names())}")
+    options = datasets.dataset_options(name)
+    return datasets.load(name, seed=seed, **{k: n for k, n in sizes.items() if k in options and n is not None})
+
+
+def _subset(X, y, n, rng):
+    """A seeded subsample of ``n`` rows (all when None or more than there are): X, y and the row indices, in order."""
+    idx = np.arange(len(y)) if n is None or n >= len(y) else np.sort(rng.choice(len(y), n, replace=False))
+    return np.asarray(X)[idx], np.asarray(y)[idx], idx
+
+
+def _load_data(args):
+    """The dataset, with train/test subsampled to --num-train/--num-test (loader options when it has them)."""
+    ds = _dataset(args.data, args.seed, {"num_train": args.num_train, "num_test": args.num_test})
     rng = np.random.default_rng(args.seed)
-
-    def subset(X, y, n):
-        if n is None or n >= len(y):
-            return np.asarray(X), np.asarray(y)
-        idx = np.sort(rng.choice(len(y), n, replace=False))
-        return np.asarray(X)[idx], np.asarray(y)[idx]
-
-    X_train, y_train = subset(ds.X_train, ds.y_train, args.num_train)
-    X_test, y_test = subset(ds.X_test, ds.y_test, args.num_test)
+    X_train, y_train, _ = _subset(ds.X_train, ds.y_train, args.num_train, rng)
+    X_test, y_test, _ = _subset(ds.X_test, ds.y_test, args.num_test, rng)
     return ds, X_train, y_train, X_test, y_test
 
 
@@ -267,7 +289,7 @@ def _build_spec(name: str, ds, num_inducing: int, likelihood=None, options=None)
 def _fit_and_report(args, model_names: list[str], out) -> int:
     from gpzoo.analysis.report import check_writable, report, summary_columns  # noqa: PLC0415
     from gpzoo.inference.fit import fit  # noqa: PLC0415
-
+    from gpzoo.inference.io import save  # noqa: PLC0415
     from gpzoo.models import zoo  # noqa: PLC0415
 
     if len(set(model_names)) != len(model_names):
@@ -289,9 +311,13 @@ def _fit_and_report(args, model_names: list[str], out) -> int:
                             learning_rate=args.learning_rate, progress=not args.quiet)
     fit_seconds = time.perf_counter() - t0
     path = report(results, args.out, X_test=X_test, y_test=y_test, dataset=ds, num_draws=args.num_draws, seed=args.seed)
+    for name, res in results.items() if args.save_models else ():
+        save(res, args.out / "models" / name)
     _print_summary(path.parent, out, summary_columns)
     print(f"fitted {len(results)} model(s) in {fit_seconds:.1f} s, total {time.perf_counter() - t0:.1f} s; "
           f"report: {path}", file=out)
+    if args.save_models:
+        print(f"saved models: {args.out / 'models'}/NAME (gpzoo predict --model ...)", file=out)
     return 0
 
 
@@ -328,7 +354,71 @@ def _cmd_report(args, out) -> int:
     return 0
 
 
-_COMMANDS = {"list": _cmd_list, "fit": _cmd_fit, "compare": _cmd_compare, "report": _cmd_report}
+#: Output formats of ``gpzoo predict`` by file suffix.
+PREDICTION_FORMATS = (".csv", ".nc")
+#: CSV column prefix of a prediction variable with one column per class / latent / output.
+_COLUMN_PREFIX = {"probs": "prob"}
+
+
+def _cmd_predict(args, out) -> int:
+    from gpzoo.inference.fit import predict  # noqa: PLC0415
+    from gpzoo.inference.io import load  # noqa: PLC0415
+
+    suffix = args.out.suffix.lower()
+    if suffix not in PREDICTION_FORMATS:
+        raise UsageError(f"--out {str(args.out)!r}: the suffix picks the format, one of {', '.join(PREDICTION_FORMATS)}")
+    res = load(args.model)
+    seed = res.seed if args.seed is None else args.seed
+    ds = _dataset(args.data, seed, {f"num_{args.split}": args.num_points})
+    X, y, index = _subset(getattr(ds, f"X_{args.split}"), getattr(ds, f"y_{args.split}"), args.num_points,
+                          np.random.default_rng(seed))
+    if X.shape[1:] != res.X_train.shape[1:]:
+        raise UsageError(f"model {str(args.model)!r} takes inputs of {res.X_train.shape[1]} features but dataset "
+                         f"{args.data!r} has {X.shape[1]}")
+    table = _prediction_dataset(predict(res, X), index, y, attrs={
+        "model": res.spec.name, "model_path": str(args.model), "dataset": args.data, "split": args.split, "seed": seed})
+    _write_predictions(table, args.out)
+    print(f"predictions of {res.spec.name} for {len(index)} {args.split} point(s) of {args.data}: {args.out}", file=out)
+    return 0
+
+
+def _prediction_dataset(pred, index, y, attrs):
+    """The predictions as an xarray Dataset on the split's row ``index``: q(f) moments ``[N, L]``, y
+    moments ``[N, K]``, class probabilities ``[N, C]`` and the predicted label where the task has classes."""
+    import xarray as xr  # noqa: PLC0415
+
+    data = {"f_mean": (("index", "latent"), pred.f_mean), "f_var": (("index", "latent"), pred.f_var),
+            "y_mean": (("index", "output"), pred.y_mean), "y_var": (("index", "output"), pred.y_var)}
+    if pred.probs is not None:
+        data["probs"] = (("index", "class"), pred.probs)
+        data["label"] = ("index", np.argmax(pred.probs, axis=1))
+    data["y"] = ("index", np.asarray(y))
+    return xr.Dataset(data, coords={"index": np.asarray(index)}, attrs=attrs)
+
+
+def _write_predictions(table, path: Path) -> None:
+    """``table`` as netCDF (``.nc``) or as CSV, one row per point, ``NAME_k`` columns for the k-th
+    latent/output/class (just ``NAME`` when there is one); written to a temporary name, then renamed."""
+    import pandas as pd  # noqa: PLC0415
+
+    from gpzoo.analysis.report import netcdf_engine  # noqa: PLC0415
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    if path.suffix.lower() == ".nc":
+        table.to_netcdf(tmp, engine=netcdf_engine())
+    else:
+        columns = {"index": table["index"].values}
+        for name, var in table.data_vars.items():
+            values = var.values.reshape(len(columns["index"]), -1)  # [N, K]
+            prefix = _COLUMN_PREFIX.get(name, name)
+            single = var.ndim == 1 or (values.shape[1] == 1 and name not in _COLUMN_PREFIX)
+            columns |= {name: values[:, 0]} if single else {f"{prefix}_{k}": values[:, k] for k in range(values.shape[1])}
+        pd.DataFrame(columns).to_csv(tmp, index=False)
+    os.replace(tmp, path)
+
+
+_COMMANDS = {"list": _cmd_list, "fit": _cmd_fit, "compare": _cmd_compare, "report": _cmd_report, "predict": _cmd_predict}
 
 
 def _one_line(exc: BaseException) -> str:

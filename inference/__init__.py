@@ -2,6 +2,7 @@
 
 from gpzoo.inference.fit import METHODS, Method, build_family, evaluate_elbo, fit, predict, register_method
 from gpzoo.inference.gibbs import gibbs_gp_classification
+from gpzoo.inference.io import load, save
 from gpzoo.inference.results import ElboEstimate, FitResult, Prediction
 
 __all__ = [
@@ -14,6 +15,8 @@ __all__ = [
     "evaluate_elbo",
     "fit",
     "gibbs_gp_classification",
+    "load",
     "predict",
     "register_method",
+    "save",
 ]

@@ -104,3 +104,12 @@ def as_int_pair(value, argument: str, minimum: int, expected: str) -> tuple[int,
     if len(pair) != 2 or min(pair) < minimum:
         raise ShapeError(argument, f"expected {expected}, got {value!r}")
     return pair
+
+
+class ModelFileError(GPZooError, OSError):
+    """A saved model (``gpzoo.save`` / ``gpzoo.load``) is missing, corrupt, from a newer format, or
+    names a class outside the allowed modules. ``path`` is the file or directory at fault."""
+
+    def __init__(self, path, message: str):
+        self.path = str(path)
+        super().__init__(f"{self.path}: {message}")

@@ -230,3 +230,36 @@ def test_list_options_shows_each_model_declared_options(capsys):
     assert "patch_shape: tuple[int, int] = (3, 3)" in conv and "normalisation: 'mean' | 'sum' = 'mean'" in conv
     assert "q_structure: 'full' | 'block' | 'diag' = 'block'" in out.split("\n  multichannel-conv ", 1)[1].split("\n  svgp", 1)[0]
     assert "Options of every model" in out and "whiten: bool = True" in out
+
+
+# ----------------------------------------------------------------------------- saved models, gpzoo predict
+def test_compare_saves_every_model_and_predict_reads_it(compared, tmp_path, capsys):
+    _, out, models = compared
+    for model in models:
+        assert (out / "models" / model / "model.json").is_file() and (out / "models" / model / "arrays.npz").is_file()
+    code, printed, err = _run(["predict", "--model", str(out / "models" / models[-1]), "--data", "rectangles",
+                               "--num-points", "7", "--out", str(tmp_path / "p.csv")], capsys)
+    assert code == 0, err
+    assert len(pd.read_csv(tmp_path / "p.csv")) == 7 and "7 test point(s)" in printed
+
+
+def test_predict_errors_are_one_line(compared, tmp_path, capsys):
+    _, out, models = compared
+    model = str(out / "models" / "svgp-rbf")
+    line = _error(["predict", "--model", model, "--data", "rectangles", "--out", str(tmp_path / "p.txt")], capsys, 2)
+    assert ".csv" in line and ".nc" in line
+    line = _error(["predict", "--model", model, "--data", "two-moons", "--out", str(tmp_path / "p.csv")], capsys, 2)
+    assert "784 features" in line and "two-moons" in line
+    line = _error(["predict", "--model", str(tmp_path / "none"), "--data", "rectangles", "--out", str(tmp_path / "p.csv")],
+                  capsys, 1)
+    assert str(tmp_path / "none") in line and "does not exist" in line
+    _error(["predict", "--data", "rectangles", "--out", str(tmp_path / "p.csv")], capsys, 2)  # --model missing
+    assert not any(tmp_path.iterdir())
+
+
+def test_save_models_is_on_unless_turned_off(tmp_path):
+    from gpzoo.analysis.cli import build_parser  # noqa: PLC0415
+
+    base = ["--data", "two-moons", "--out", str(tmp_path)]
+    assert build_parser().parse_args(["fit", "--model", "svgp-rbf", *base]).save_models
+    assert not build_parser().parse_args(["compare", "--no-save-models", *base]).save_models

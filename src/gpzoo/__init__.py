@@ -33,6 +33,8 @@ _PUBLIC = {
     "FitResult": "gpzoo.inference",
     "Prediction": "gpzoo.inference",
     "ElboEstimate": "gpzoo.inference",
+    "save": "gpzoo.inference",
+    "load": "gpzoo.inference",
     "to_datatree": "gpzoo.analysis",
     "compare_elbo": "gpzoo.analysis",
     "calibration": "gpzoo.analysis",
