@@ -141,8 +141,9 @@ def loo_approximate(dt: xr.DataTree, *, var_name: str = LOO_VAR_NAME):
 
 
 def heldout_elpd(dt: xr.DataTree, var_name: str = "y") -> tuple[float, float]:
-    """Held-out elpd Σ_n log mean_s p(y_n | u_s) of the test points and its standard error √N·sd."""
-    log_lik = dt["log_likelihood"][var_name]  # [chain, draw, obs_test]
+    """Held-out elpd Σ_n log mean_s p(y*_n | u_s) of the test points (``predictions_log_likelihood``)
+    and its standard error √N·sd."""
+    log_lik = dt["predictions_log_likelihood"][var_name]  # [chain, draw, obs_id]
     values = log_lik.values.reshape(-1, log_lik.shape[-1])  # [S, T]
     m = values.max(axis=0)
     pointwise = m + np.log(np.mean(np.exp(values - m), axis=0))  # [T]
@@ -215,11 +216,11 @@ def _pair_dse(loo: pd.DataFrame, a: str, b: str) -> float:
 
 # ----------------------------------------------------------------------------- figures
 def _trace(value) -> tuple[np.ndarray, int]:
-    """(ELBO per step ``[T]``, number of training points) of a FitResult or a saved DataTree."""
+    """(objective per step ``[T]``, number of training points) of a FitResult or a saved DataTree."""
     if isinstance(value, FitResult):
         return np.asarray(value.objective_history, np.float64), value.num_data
     if isinstance(value, xr.DataTree):
-        return np.asarray(value["optimization"]["elbo"].values, np.float64), int(value.attrs.get("num_train", 1))
+        return np.asarray(value["optimization"]["objective"].values, np.float64), int(value.attrs.get("num_train", 1))
     raise InvalidArgumentError("results", f"expected FitResult or DataTree values, got {type(value).__name__}")
 
 

@@ -1,39 +1,78 @@
 """A fitted model as an ArviZ 1.x ``xarray.DataTree`` (built with ``arviz_base.from_dict``).
 
-Groups (one chain of ``num_draws`` draws from the approximate posterior, see
-:mod:`gpzoo.inference.posterior`):
+The training data are the data the approximate posterior is conditioned on, so they are ``y``
+(ArviZ's convention); the held-out data are out-of-sample predictions. One chain of ``num_draws``
+draws (θ_s, u_s) from the approximate posterior (see :mod:`gpzoo.inference.posterior`):
 
-================== ==========================================================================
-posterior          ``u`` (chain, draw, latent, inducing): unwhitened inducing outputs u ~ q(u);
-                   plus every sampled hyperparameter (site name) when the model has priors
-posterior_predictive ``y`` (…, obs_test) and ``y_train`` (…, obs_train): y_n ~ p(y_n | u_s)
-log_likelihood     ``y`` / ``y_train``: log p(y_n | u_s) = ∫ p(y_n | f) p(f | u_s) df
-observed_data      ``y`` (obs_test), ``y_train`` (obs_train)
-sample_stats       ``log_p`` = log p(u_s) + Σ_n log p(y_n | u_s) over the training data (the
-                   unnormalised log posterior, also as ArviZ's ``lp``) and ``log_q`` = log q(u_s),
-                   both in u-space (+ hyperparameter terms): the inputs of
-                   ``az.loo_approximate_posterior``
-constant_data      ``X`` (obs_test, feature) and ``X_train`` (obs_train, feature) only when there
-                   are at most ``MAX_STORED_FEATURES`` input columns (tables); images are not
-                   copied, their shapes are in the group's attrs (``X_shape``, ``X_train_shape``,
-                   ``image_shape``) — a report stays small and the data live in the dataset
-predictive_moments ``f_mean``/``f_var``/``y_mean``/``y_var`` (obs_test, latent) and, for
-                   classification, ``probs`` (obs_test, class): the analytic q(f*) predictive of
-                   :func:`gpzoo.inference.predict` used for calibration metrics
-optimization       ``elbo`` and ``learning_rate`` (step), the final type-II point estimates
-                   (``kernel.*``, ``likelihood.*``, ``inducing.*``) and the fit's diagnostics
-================== ==========================================================================
+=========================== ===============================================================================
+posterior                   ``u`` (chain, draw, latent, inducing): unwhitened inducing outputs u_s ~ q(u);
+                            every hyperparameter, dots replaced by ``_`` (``kernel_lengthscale``): draws
+                            θ_s ~ q(θ) for those with a prior, and θ* repeated over every draw for
+                            type-II point estimates (see "Point estimates" below)
+posterior_predictive        ``y`` (chain, draw, obs_id): training replicates y_n ~ p(y_n | u_s)
+log_likelihood              ``y`` (chain, draw, obs_id): log p(y_n | u_s) = ∫ p(y_n | f) p(f | u_s) df of the
+                            training points — the only variable, so ``az.loo(dt)`` / ``az.compare`` need no
+                            ``var_name``
+observed_data               ``y`` (obs_id): training targets
+constant_data               ``X`` (obs_id, feature): training inputs, only when there are at most
+                            ``MAX_STORED_FEATURES`` columns (tables); images are not copied, the shapes
+                            are in the group's attrs (``X_shape``, ``image_shape``)
+sample_stats                ``log_p`` = log p(u_s) [+ log p(θ_s)] + Σ_n log p(y_n | u_s) over the training
+                            data (also as ArviZ's ``lp``) and ``log_q`` = log q(u_s) [+ log q(θ_s)], both in
+                            u-space: the inputs of ``az.loo_approximate_posterior``
+predictions                 ``y`` (chain, draw, obs_id): test-set replicates y*_n ~ p(y*_n | u_s)
+predictions_constant_data   ``X`` (obs_id, feature): test inputs (same rule as ``constant_data``)
+predictions_observed_data   ``y`` (obs_id): test targets
+predictions_log_likelihood  ``y`` (chain, draw, obs_id): log p(y*_n | u_s) of the test points
+predictions_moments         ``f_mean``/``f_var``/``y_mean``/``y_var`` (obs_id, latent) and, for
+                            classification, ``probs`` (obs_id, class): the analytic q(f*) predictive of
+                            :func:`gpzoo.inference.predict` on the test set (calibration metrics)
+optimization                ``objective`` and ``step_size`` (step): the fit's trace (attrs ``objective`` /
+                            ``step_size`` name them: e.g. ELBO and learning rate); the final variational
+                            parameters (``q_mu``, ``q_sqrt``, ``inducing_Z``, q(θ)'s ``*_auto_loc`` ...);
+                            the fit's diagnostics as attrs
+=========================== ===============================================================================
 
-Leave-one-out is about the training data, so pass ``var_name="y_train"`` (also stored in the
-root attribute ``loo_var_name``)::
+Decisions:
 
-    az.loo(dt, var_name="y_train")
-    az.loo_approximate_posterior(dt, dt.sample_stats.log_p, dt.sample_stats.log_q, var_name="y_train")
+* **Point estimates in ``posterior``.** With type-II hyperparameters the approximate posterior is
+  q(u)·δ(θ − θ*), so θ* repeated over every draw is an exact sample of it; ``az.summary(dt)``,
+  ``az.plot_forest`` and ``az.plot_dist`` then show the hyperparameters with no arguments (sd 0;
+  r_hat and mcse are NaN for a constant). Each such variable's attrs say
+  ``estimate = "type-II point estimate"``; the group's attrs list them (``type_II_point_estimates``)
+  and the sampled ones (``sampled_hyperparameters``). A separate group would keep them out of
+  ``az.summary(dt)``. Fixed hyperparameters are not inferred: they are listed in the group's attrs
+  (``fixed_hyperparameters``) and in :meth:`FitResult.summary`. Inducing inputs Z are variational
+  parameters of q(u) (Titsias 2009), not model hyperparameters: they live in ``optimization``.
+* **Test data under the ``predictions_`` prefix.** ``predictions`` / ``predictions_constant_data``
+  are ArviZ's groups for out-of-sample draws; the test targets and the test log-likelihood follow
+  the same prefix (``predictions_observed_data``, ``predictions_log_likelihood``). A second
+  variable in ``log_likelihood`` would make ``az.loo(dt)`` ask for ``var_name``.
+  :func:`heldout_view` regroups them as a DataTree that ArviZ reads like any other
+  (``az.plot_ppc_pit(heldout_view(dt))`` checks calibration on the test set).
+* **Names.** Variables never contain dots (``kernel.base_kernel.lengthscale`` →
+  ``kernel_base_kernel_lengthscale``); each variable's ``site`` attr and the root's ``site_names``
+  (JSON ``{variable: NumPyro site}``) keep the mapping.
+* **Coordinates.** ``obs_id`` holds the original row indices (``train_index`` / ``test_index``,
+  default ``arange``; the training ones in the training groups, the test ones in the
+  ``predictions_*`` groups); ``latent`` and ``inducing`` index q(u)'s outputs. Parameter axes are
+  named after what they index where the size says so: ``feature`` (input column), ``patch_feature``
+  (entry of a patch), ``patch``, ``channel``, ``latent``, ``inducing`` (``inducing_part_k`` for the
+  k-th set of separate inducing variables), ``inducing_col`` (q_sqrt's columns); any other axis is
+  ``<variable>_dim_<i>``.
+
+Leave-one-out is about the training data; plain ``az.loo(dt)`` treats the draws of q as if they
+were posterior draws, ``az.loo_approximate_posterior`` corrects for q (Magnusson et al. 2019)::
+
+    az.loo(dt)
+    az.loo_approximate_posterior(dt, dt.sample_stats.log_p, dt.sample_stats.log_q)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 
 import jax
 import numpy as np
@@ -41,30 +80,46 @@ import xarray as xr
 from arviz_base import from_dict
 
 from gpzoo.inference.fit import predict
-from gpzoo.inference.results import FitResult
 from gpzoo.inference.posterior import pointwise_given_u, sample_inducing
-from gpzoo.models.errors import InvalidArgumentError, ShapeError
+from gpzoo.inference.results import FIXED, SAMPLED, TYPE_II, FitResult
+from gpzoo.models.errors import GPZooError, InvalidArgumentError, ShapeError
+from gpzoo.models.parameters import Parameterised
 
-__all__ = ["LOO_VAR_NAME", "MAX_STORED_FEATURES", "MIN_DRAWS", "to_datatree"]
+__all__ = ["LOO_VAR_NAME", "MAX_STORED_FEATURES", "MIN_DRAWS", "heldout_view", "to_datatree", "variable_name"]
 
 #: Inputs with at most this many columns are stored in ``constant_data``; wider ones (images) are not.
 MAX_STORED_FEATURES = 64
-#: The log-likelihood variable PSIS-LOO is computed on (the data the posterior is conditioned on).
-LOO_VAR_NAME = "y_train"
+#: The log-likelihood variable PSIS-LOO is computed on (the training data, the only one in ``log_likelihood``).
+LOO_VAR_NAME = "y"
 #: Fewest draws accepted: PSIS fits a Pareto tail to min(S/5, 3√S) draws and needs at least 5.
 MIN_DRAWS = 25
+OBS_DIM = "obs_id"
+#: Test-set groups and the ArviZ group each plays the role of in :func:`heldout_view`.
+#: Variational parameters with one entry per training point (the free Pólya–Gamma tilts c_n of
+#: :mod:`gpzoo.inference.invariant`): their axis is ``obs_id``.
+PER_DATUM_SITES = ("pg_free_c",)
+HELDOUT_GROUPS = {"predictions": "posterior_predictive", "predictions_observed_data": "observed_data",
+                  "predictions_log_likelihood": "log_likelihood", "predictions_constant_data": "constant_data"}
 
 
-def to_datatree(res: FitResult, X_test, y_test, *, num_draws: int = 200, seed: int = 0,
-                include_train: bool = True) -> xr.DataTree:
-    """Draw ``num_draws`` samples of u ~ q(u) and return the fit as an ArviZ DataTree (see module doc).
+def variable_name(site: str) -> str:
+    """The DataTree variable of a NumPyro site: dots become underscores (``kernel.lengthscale`` → ``kernel_lengthscale``)."""
+    return site.replace(".", "_")
 
-    ``include_train=False`` leaves out the training points (and with them ``log_p``, which sums
-    over them) for large training sets; held-out points are always included.
+
+def to_datatree(res: FitResult, X_test, y_test, *, num_draws: int = 200, seed: int = 0, include_train: bool = True,
+                train_index=None, test_index=None) -> xr.DataTree:
+    """Draw ``num_draws`` samples of (θ, u) from the approximate posterior and return the fit as an
+    ArviZ DataTree (layout and decisions in the module docstring).
+
+    ``train_index`` / ``test_index`` (default ``arange``) are the original row labels of the
+    training and test points, stored as the ``obs_id`` coordinate. ``include_train=False`` leaves
+    out the training groups (and ``log_p``, which sums over them) for large training sets; then
+    ``az.loo`` has nothing to work on, the test-set groups are always there.
     """
     if not isinstance(res, FitResult):
         raise InvalidArgumentError("res", f"expected a FitResult from gpzoo.inference.fit, got {type(res).__name__}")
-    if not isinstance(num_draws, (int, np.integer)) or num_draws < MIN_DRAWS:
+    if isinstance(num_draws, bool) or not isinstance(num_draws, (int, np.integer)) or num_draws < MIN_DRAWS:
         raise InvalidArgumentError(
             "num_draws", f"must be an integer >= {MIN_DRAWS} (PSIS-LOO fits a Pareto tail to the largest draws), got {num_draws!r}"
         )
@@ -72,6 +127,8 @@ def to_datatree(res: FitResult, X_test, y_test, *, num_draws: int = 200, seed: i
     y_test = res.spec.likelihood.validate_targets(y_test)
     if X_test.ndim != 2 or X_test.shape[0] != y_test.shape[0]:
         raise ShapeError("X_test", f"expected [{y_test.shape[0]}, D] to match y_test, got shape {X_test.shape}")
+    train_index = _row_index(train_index, len(res.y_train), "train_index")
+    test_index = _row_index(test_index, len(y_test), "test_index")
     key_u, key_test, key_train = jax.random.split(jax.random.PRNGKey(seed), 3)
 
     draws = sample_inducing(res, int(num_draws), key_u)
@@ -87,35 +144,50 @@ def to_datatree(res: FitResult, X_test, y_test, *, num_draws: int = 200, seed: i
     def targets(y):
         return y.astype(label_dtype) if label_dtype is not None else np.asarray(y)
 
-    coords = {"obs_test": np.arange(len(y_test)), "latent": np.arange(L), "inducing": np.arange(GM)}
-    dims = {"u": ["latent", "inducing"], "y": ["obs_test"]}
-    posterior = {"u": draws.u[None]}  # [1, S, L, GM]
-    for name, value in draws.hyper.items():
-        posterior[name] = value[None]  # [1, S, ...]
-        dims[name] = [f"{name}_dim_{i}" for i in range(value.ndim - 1)]
-    data = {
-        "posterior": posterior,
-        "posterior_predictive": {"y": targets(test.y_rep)[None]},
-        "log_likelihood": {"y": test.log_lik[None]},
-        "observed_data": {"y": targets(y_test)},
-        "sample_stats": {"log_q": draws.log_q[None]},
-    }
+    naming = _AxisNames(res, L, GM, train_index)
+    info = res.parameter_info()
+    posterior, var_attrs, sites = {"u": draws.u[None]}, {}, {"u": "u"}  # u: [1, S, L, GM]
+    dims = {"u": ["latent", "inducing"], "y": [OBS_DIM], "X": [OBS_DIM, "feature"]}
+    point, sampled, fixed = [], [], {}
+    for row in info:
+        var = variable_name(row.name)
+        if row.role == FIXED:
+            fixed[row.name] = row.value.tolist()
+            continue
+        if row.role == TYPE_II:
+            value = np.broadcast_to(row.value, (1, S) + row.value.shape).copy()  # θ* in every draw
+            point.append(var)
+            estimate = "type-II point estimate (maximises the objective; repeated over draws: q(u) delta(theta - theta*))"
+        elif row.role == SAMPLED:
+            value = np.asarray(draws.hyper[row.name])[None]  # [1, S, ...]
+            sampled.append(var)
+            estimate = "draws from q(theta)"
+        else:
+            continue
+        _record_site(sites, var, row.name)
+        posterior[var] = value
+        dims[var] = naming.dims(row.name, value.shape[2:])
+        var_attrs[var] = {"site": row.name, "estimate": estimate, "class": row.owner, "constraint": row.constraint,
+                          "prior": row.prior}
+
+    data = {"posterior": posterior, "sample_stats": {"log_q": draws.log_q[None]},
+            "predictions": {"y": targets(test.y_rep)[None]},
+            "predictions_log_likelihood": {"y": test.log_lik[None]},
+            "predictions_observed_data": {"y": targets(y_test)}}
+    coords = naming.coords  # obs_id: the training rows
+    pred_coords = {**naming.coords, OBS_DIM: test_index}
     if train is not None:
-        coords["obs_train"] = np.arange(len(res.y_train))
-        dims["y_train"] = ["obs_train"]
-        data["posterior_predictive"]["y_train"] = targets(train.y_rep)[None]
-        data["log_likelihood"]["y_train"] = train.log_lik[None]
-        data["observed_data"]["y_train"] = targets(res.y_train)
+        data["posterior_predictive"] = {"y": targets(train.y_rep)[None]}
+        data["log_likelihood"] = {"y": train.log_lik[None]}
+        data["observed_data"] = {"y": targets(res.y_train)}
         log_p = draws.log_prior + train.log_lik.sum(axis=1)  # [S]
         data["sample_stats"].update(log_p=log_p[None], lp=log_p[None])
-
-    constant, constant_attrs = _constant_data(res, X_test, include_train)
-    if constant:
-        data["constant_data"] = constant
-        dims.update({"X": ["obs_test", "feature"], "X_train": ["obs_train", "feature"]})
-        coords["feature"] = np.arange(X_test.shape[1])
-    else:
-        data["constant_data"] = {}
+    stored = X_test.shape[1] <= MAX_STORED_FEATURES
+    if stored:
+        data["predictions_constant_data"] = {"X": X_test}
+        if train is not None:
+            data["constant_data"] = {"X": np.asarray(res.X_train)}
+    input_attrs = {"image_shape": list(res.spec.image_shape or ()), "stored_inputs": int(stored)}
 
     attrs = {
         "/": _netcdf_attrs({
@@ -130,58 +202,185 @@ def to_datatree(res: FitResult, X_test, y_test, *, num_draws: int = 200, seed: i
             "num_draws": S,
             "seed": seed,
             "loo_var_name": LOO_VAR_NAME if train is not None else "",
-            "inference_library": "gpzoo (numpyro SVI)",
+            "objective": res.objective,
+            "inference_library": "gpzoo (numpyro)",
         }),
-        "constant_data": _netcdf_attrs(constant_attrs),
-        "sample_stats": {"log_p": "log p(u) [+ log p(theta)] + sum_n log p(y_train_n | u)", "log_q": "log q(u) [+ log q(theta)]"},
+        "posterior": _netcdf_attrs({
+            "type_II_point_estimates": json.dumps(point),
+            "sampled_hyperparameters": json.dumps(sampled),
+            "fixed_hyperparameters": json.dumps(fixed),
+        }),
+        "sample_stats": {"log_p": "log p(u) [+ log p(theta)] + sum_n log p(y_n | u) over the training data",
+                         "log_q": "log q(u) [+ log q(theta)]"},
+        "predictions_constant_data": _netcdf_attrs({**input_attrs, "X_shape": list(X_test.shape)}),
     }
-    dt = from_dict(data, dims=dims, coords=coords, attrs=attrs)
-    dt["predictive_moments"] = xr.DataTree(_predictive_moments(pred, len(y_test), L))
-    dt["optimization"] = xr.DataTree(_optimization(res))
+    if "constant_data" in data:
+        attrs["constant_data"] = _netcdf_attrs({**input_attrs, "X_shape": list(res.X_train.shape)})
+    attrs = {group: value for group, value in attrs.items() if group == "/" or group in data}
+    dt = from_dict(data, dims=dims, coords=coords, pred_dims=dims, pred_coords=pred_coords, attrs=attrs)
+    posterior_ds = dt["posterior"].to_dataset()
+    for var, value in var_attrs.items():
+        posterior_ds[var].attrs = _netcdf_attrs(value)
+    dt["posterior"] = posterior_ds
+    dt["predictions_moments"] = xr.DataTree(_predictive_moments(pred, test_index, L))
+    optimization, opt_sites = _optimization(res, info, naming)
+    dt["optimization"] = xr.DataTree(optimization)
+    for var, site in opt_sites.items():
+        _record_site(sites, var, site)
+    dt.attrs["site_names"] = json.dumps(sites)
     return dt
 
 
+def heldout_view(dt: xr.DataTree) -> xr.DataTree:
+    """The test-set groups of a :func:`to_datatree` result under ArviZ's in-sample names
+    (``predictions`` → ``posterior_predictive``, ``predictions_observed_data`` → ``observed_data``,
+    ``predictions_log_likelihood`` → ``log_likelihood``, ``predictions_constant_data`` →
+    ``constant_data``), with ``posterior`` and the root attrs, so ArviZ's checks run on held-out data."""
+    if not isinstance(dt, xr.DataTree) or "predictions" not in dt.children:
+        raise InvalidArgumentError("dt", "expected a DataTree from gpzoo.analysis.to_datatree (with a 'predictions' group)")
+    groups = {"posterior": dt["posterior"].to_dataset()} if "posterior" in dt.children else {}
+    groups.update({new: dt[old].to_dataset() for old, new in HELDOUT_GROUPS.items() if old in dt.children})
+    view = xr.DataTree.from_dict(groups)
+    view.attrs = dict(dt.attrs)
+    return view
+
+
+# ----------------------------------------------------------------------------- names
+def _record_site(sites: dict, var: str, site: str) -> None:
+    """``sites[var] = site``, refusing two sites that would share one variable name."""
+    if var in sites and sites[var] != site:
+        raise InvalidArgumentError("res", f"sites {sites[var]!r} and {site!r} would both be stored as {var!r}")
+    sites[var] = site
+
+
+def _row_index(index, n: int, argument: str) -> np.ndarray:
+    if index is None:
+        return np.arange(n)
+    index = np.asarray(index)
+    if index.ndim != 1 or index.shape[0] != n:
+        raise ShapeError(argument, f"expected {n} row labels, got shape {index.shape}")
+    if len(np.unique(index)) != n:
+        raise InvalidArgumentError(argument, "row labels must be unique")
+    return index
+
+
+class _AxisNames:
+    """Readable dimension names for parameter axes, chosen by the parameter's field and checked
+    against the sizes they must have (a name always means one size within a DataTree)."""
+
+    def __init__(self, res: FitResult, num_latent: int, num_inducing: int, train_index: np.ndarray):
+        self.train_index = train_index
+        sizes = {OBS_DIM: len(train_index), "feature": int(res.X_train.shape[1]), "latent": num_latent,
+                 "inducing": num_inducing, "inducing_col": num_inducing}
+        for obj in _objects(res.spec.kernel):
+            for attr, dim in (("num_patches", "patch"), ("patch_dim", "patch_feature"), ("num_channels", "channel")):
+                try:
+                    value = getattr(obj, attr, None)
+                except (TypeError, ValueError, GPZooError):  # a shape property this kernel's configuration cannot answer
+                    value = None
+                if isinstance(value, (int, np.integer)) and dim not in sizes:
+                    sizes[dim] = int(value)
+        self.sizes = sizes
+
+    @property
+    def coords(self) -> dict[str, np.ndarray]:
+        """Coordinates of every named dimension: the training rows' labels for ``obs_id``, else ``arange``."""
+        return {dim: self.train_index if dim == OBS_DIM else np.arange(size) for dim, size in self.sizes.items()}
+
+    def dims(self, site: str, shape: tuple) -> list[str]:
+        var = variable_name(site)
+        candidates = self._candidates(site, len(shape))
+        names = []
+        for i, size in enumerate(shape):
+            choice = next((c for c in (candidates[i] if i < len(candidates) else ())
+                           if self.sizes.get(c) == size and c not in names), None)
+            names.append(choice or f"{var}_dim_{i}")
+        return names
+
+    def _candidates(self, site: str, ndim: int) -> list[tuple[str, ...]]:
+        field = site.rsplit(".", 1)[-1]
+        features = ("feature", "patch_feature")
+        if field == "lengthscale":
+            return [features] * ndim
+        if field == "weights":
+            return [("patch",)] if ndim == 1 else [("channel",), ("patch",)]
+        if field == "channel_variances":
+            return [("channel",)]
+        if field == "Z":
+            part = re.fullmatch(r"inducing\.parts\.(\d+)\.Z", site)
+            if part:
+                return [(f"inducing_part_{part.group(1)}",), features]  # its size: register_size
+            return [("inducing",), features]
+        if field == "q_mu":
+            return [("latent",), ("inducing",)]
+        if field == "q_sqrt":
+            return [("latent",), ("inducing",), ("inducing_col",)]
+        if field == "variance" and ndim == 1:
+            return [("latent",)]
+        if field in PER_DATUM_SITES:
+            return [(OBS_DIM,)]
+        return []
+
+    def register_size(self, dim: str, size: int) -> None:
+        self.sizes.setdefault(dim, int(size))
+
+
+def _objects(obj):
+    """``obj`` and every object below it in a Parameterised tree (children, tuples of children)."""
+    yield obj
+    if not isinstance(obj, Parameterised):
+        return
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name, None)
+        for child in value if isinstance(value, tuple) else (value,):
+            if isinstance(child, Parameterised):
+                yield from _objects(child)
+
+
 # ----------------------------------------------------------------------------- groups
-def _constant_data(res: FitResult, X_test, include_train: bool):
-    attrs = {"X_shape": list(X_test.shape), "X_train_shape": list(res.X_train.shape),
-             "image_shape": list(res.spec.image_shape or ()),
-             "stored_inputs": int(X_test.shape[1] <= MAX_STORED_FEATURES)}
-    if X_test.shape[1] > MAX_STORED_FEATURES:
-        return {}, attrs
-    data = {"X": np.asarray(X_test)}
-    if include_train:
-        data["X_train"] = np.asarray(res.X_train)
-    return data, attrs
-
-
-def _predictive_moments(pred, num_test: int, num_latent: int) -> xr.Dataset:
-    obs, latent = np.arange(num_test), np.arange(num_latent)
+def _predictive_moments(pred, test_index: np.ndarray, num_latent: int) -> xr.Dataset:
+    num_test = len(test_index)
     ds = xr.Dataset(
-        {name: (("obs_test", "latent"), np.asarray(getattr(pred, name))) for name in ("f_mean", "f_var", "y_mean", "y_var")
+        {name: ((OBS_DIM, "latent"), np.asarray(getattr(pred, name))) for name in ("f_mean", "f_var", "y_mean", "y_var")
          if np.asarray(getattr(pred, name)).shape == (num_test, num_latent)},
-        coords={"obs_test": obs, "latent": latent},
+        coords={OBS_DIM: test_index, "latent": np.arange(num_latent)},
     )
     if pred.probs is not None:
         probs = np.asarray(pred.probs)  # [T, C]
-        ds["probs"] = xr.DataArray(probs, dims=("obs_test", "class"), coords={"class": np.arange(probs.shape[1])})
-    ds.attrs["source"] = "gpzoo.inference.predict: analytic q(f*) marginals"
+        ds["probs"] = xr.DataArray(probs, dims=(OBS_DIM, "class"), coords={"class": np.arange(probs.shape[1])})
+    ds.attrs["source"] = "gpzoo.inference.predict: analytic q(f*) marginals on the test set"
     return ds
 
 
-def _optimization(res: FitResult) -> xr.Dataset:
+def _optimization(res: FitResult, info, naming: _AxisNames) -> tuple[xr.Dataset, dict]:
+    """The fit's trace (``objective``, ``step_size`` over ``step``), the final variational parameters, diagnostics."""
     steps = np.arange(len(res.objective_history))
     ds = xr.Dataset(
-        {"elbo": ("step", np.asarray(res.objective_history, np.float64)),
-         "learning_rate": ("step", np.asarray(res.step_size_history, np.float64))},
+        {"objective": ("step", np.asarray(res.objective_history, np.float64), {"name": res.objective}),
+         "step_size": ("step", np.asarray(res.step_size_history, np.float64), {"name": res.step_size})},
         coords={"step": steps},
     )
-    for name, value in res.params.items():
-        if name.startswith(("kernel.", "likelihood.", "inducing.")):
-            value = np.asarray(value)
-            ds[name] = xr.DataArray(value, dims=[f"{name}_dim_{i}" for i in range(value.ndim)])
+    sites = {}
+    for row in info:
+        if row.is_hyperparameter:
+            continue
+        var = variable_name(row.name)
+        part = re.fullmatch(r"inducing\.parts\.(\d+)\.Z", row.name)
+        if part and row.value.ndim:
+            naming.register_size(f"inducing_part_{part.group(1)}", row.value.shape[0])
+        dims = naming.dims(row.name, row.value.shape)
+        all_coords = naming.coords
+        coords = {d: all_coords[d] for d in dims if d in all_coords}
+        if var in ds:
+            raise InvalidArgumentError("res", f"parameter {row.name!r} would overwrite the optimisation variable {var!r}")
+        ds[var] = xr.DataArray(row.value, dims=dims, coords=coords,
+                               attrs=_netcdf_attrs({"site": row.name, "class": row.owner, "constraint": row.constraint}))
+        sites[var] = row.name
     diag = res.diagnostics
     ds.attrs = _netcdf_attrs({
-        "final_elbo": res.final_objective,
+        "objective": res.objective,
+        "step_size": res.step_size,
+        "final_objective": res.final_objective,
         "steps": len(res.objective_history),
         "batch_size": res.batch_size,
         "seed": res.seed,
@@ -192,7 +391,7 @@ def _optimization(res: FitResult) -> xr.Dataset:
         "whiten": res.spec.whiten,
         "q_structure": res.spec.q_structure,
     })
-    return ds
+    return ds, sites
 
 
 def _netcdf_attrs(attrs: dict) -> dict:

@@ -8,7 +8,7 @@ Layout of a report directory::
     report.json        what was compared: dataset facts, model order, settings
     figures/*.png      ELBO traces, LOO comparison, calibration / PIT per model, inducing patches
     models/NAME.nc     each model's ArviZ DataTree (``dt.to_netcdf``; see analysis.datatree)
-    models/NAME.json   each model's ELBO estimate (with MC standard error) and fit facts
+    models/NAME.json   each model's ELBO estimate (with MC standard error), fit facts and parameter table
 
 :func:`report` fits nothing: it turns FitResults into DataTrees and metrics, saves them, then
 calls :func:`rebuild_report`, which regenerates every other file from ``models/`` alone — so
@@ -165,6 +165,8 @@ def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset
                     "final_minibatch_elbo": res.final_objective,
                     "num_inducing": res.spec.num_inducing,
                     "jitter_events": res.diagnostics.get("jitter_events", [])},
+            "header": res.header(),
+            "parameters": res.summary().reset_index().to_dict(orient="records"),
         })
         patches = _inducing_patches_figure(res)
         if patches is not None:
@@ -250,8 +252,9 @@ def rebuild_report(out_dir) -> Path:
     table.to_csv(out / "comparison.csv", float_format="%.10g")
 
     figures = _write_figures(out, info, trees, loo)
-    _write_text(out / "report.md", _markdown(info, table, disagreements, warnings_, figures))
-    _write_text(out / "report.html", _html(info, table, disagreements, warnings_, figures, out))
+    parameters = _parameter_tables(metrics)
+    _write_text(out / "report.md", _markdown(info, table, disagreements, warnings_, figures, parameters))
+    _write_text(out / "report.html", _html(info, table, disagreements, warnings_, figures, out, parameters))
     return out / "report.html"
 
 
@@ -263,10 +266,10 @@ def _class_probs(moments: xr.DataTree) -> np.ndarray:
 
 
 def heldout_metrics(dt: xr.DataTree) -> dict[str, float]:
-    """Held-out scores from a model's DataTree (``analysis.calibration`` on its predictive moments)."""
+    """Held-out scores from a model's DataTree (``analysis.calibration`` on its test-set predictive moments)."""
     task = dt.attrs.get("task", "regression")
-    moments = dt["predictive_moments"]
-    y = dt["observed_data"]["y"].values
+    moments = dt["predictions_moments"]
+    y = dt["predictions_observed_data"]["y"].values
     scores: dict[str, float] = {}
     if "probs" in moments.data_vars:
         result = calibration.classification_metrics(_class_probs(moments), y)
@@ -278,7 +281,7 @@ def heldout_metrics(dt: xr.DataTree) -> dict[str, float]:
         for level, value in result.get("coverage", {}).items():
             scores[f"coverage_{round(100 * float(level))}"] = value
     else:
-        draws = dt["posterior_predictive"]["y"].values  # [chain, draw, T]
+        draws = dt["predictions"]["y"].values  # [chain, draw, T]
         scores["crps"] = float(calibration.crps_from_draws(y, draws))
         scores["rmse"] = float(np.sqrt(np.mean((moments["y_mean"].values[:, 0] - y) ** 2)))
     return {k: float(v) for k, v in scores.items()}
@@ -329,18 +332,21 @@ def _write_figures(out: Path, info: dict, trees: Mapping[str, xr.DataTree], loo:
 
 def _model_figures(dt: xr.DataTree):
     """(figure, kind, title) for the held-out calibration of one model, chosen by its task."""
+    from gpzoo.analysis.datatree import heldout_view  # noqa: PLC0415 - JAX-heavy
+
     task = dt.attrs.get("task", "regression")
-    moments = dt["predictive_moments"]
-    y = dt["observed_data"]["y"].values
+    moments = dt["predictions_moments"]
+    y = dt["predictions_observed_data"]["y"].values
+    heldout = heldout_view(dt)  # test-set draws and targets under ArviZ's in-sample group names
     if task == "binary":
-        yield calibration.pav_calibration_figure(dt, var_name="y"), "pava", "PAV calibration on the test set (az.plot_ppc_pava)"
+        yield calibration.pav_calibration_figure(heldout, var_name="y"), "pava", "PAV calibration on the test set (az.plot_ppc_pava)"
     if "probs" in moments.data_vars:
         yield calibration.reliability_figure(_class_probs(moments), y), "reliability", "reliability diagram (test set)"
     elif task == "regression":
         mean, var = moments["y_mean"].values[:, 0], moments["y_var"].values[:, 0]
         yield calibration.pit_figure(y, mean, var), "pit", "PIT of the predictive on the test set"
     else:
-        yield calibration.ppc_pit_figure(dt, var_name="y"), "pit", "posterior-predictive PIT on the test set (az.plot_ppc_pit)"
+        yield calibration.ppc_pit_figure(heldout, var_name="y"), "pit", "posterior-predictive PIT on the test set (az.plot_ppc_pit)"
 
 
 # ----------------------------------------------------------------------------- writers
@@ -405,7 +411,19 @@ _NOTES = (
 )
 
 
-def _markdown(info: dict, table: pd.DataFrame, disagreements: list[str], loo_warning: str, figures: list[dict]) -> str:
+def _parameter_tables(metrics: Mapping[str, Mapping]) -> dict[str, tuple[str, pd.DataFrame]]:
+    """{model: (header line, FitResult.summary() table)} saved by :func:`report` (absent in older reports)."""
+    tables = {}
+    for name, m in metrics.items():
+        if m.get("parameters"):
+            df = pd.DataFrame.from_records(m["parameters"]).set_index("name")
+            df["shape"] = [str(tuple(s)) for s in df["shape"]]
+            tables[name] = (m.get("header", name), df)
+    return tables
+
+
+def _markdown(info: dict, table: pd.DataFrame, disagreements: list[str], loo_warning: str, figures: list[dict],
+              parameters: Mapping[str, tuple[str, pd.DataFrame]] | None = None) -> str:
     parts = [
         f"# gpzoo model comparison — {info['dataset'].get('name') or 'report'}",
         "",
@@ -422,9 +440,12 @@ def _markdown(info: dict, table: pd.DataFrame, disagreements: list[str], loo_war
         "",
         "Full table: [comparison.csv](comparison.csv).",
         "",
-        "## Figures",
-        "",
     ]
+    if parameters:
+        parts += ["## Parameters", ""]
+        for header, df in parameters.values():
+            parts += [f"**{header}**", "", _markdown_table(df), ""]
+    parts += ["## Figures", ""]
     for fig in figures:
         parts += [f"### {fig['title']}", "", f"![{fig['title']}]({fig['file']})", ""]
     return "\n".join(parts)
@@ -443,7 +464,8 @@ figcaption { font-size: 0.85em; max-width: 520px; }
 """.strip()
 
 
-def _html(info: dict, table: pd.DataFrame, disagreements: list[str], loo_warning: str, figures: list[dict], out: Path) -> str:
+def _html(info: dict, table: pd.DataFrame, disagreements: list[str], loo_warning: str, figures: list[dict], out: Path,
+          parameters: Mapping[str, tuple[str, pd.DataFrame]] | None = None) -> str:
     title = f"gpzoo model comparison — {info['dataset'].get('name') or 'report'}"
     summary = table[summary_columns(table)].map(_fmt).to_html(escape=True, border=0)
     full = table.map(_fmt).to_html(escape=True, border=0)
@@ -460,6 +482,10 @@ def _html(info: dict, table: pd.DataFrame, disagreements: list[str], loo_warning
             f"<figcaption>{caption}</figcaption></figure>"
         )
     settings = html.escape(json.dumps(info.get("settings", {})))
+    parameter_html = "".join(f"<h3>{html.escape(header)}</h3>\n{df.to_html(escape=True, border=0)}"
+                             for header, df in (parameters or {}).values())
+    if parameter_html:
+        parameter_html = "<h2>Parameters</h2>\n<p>Every hyperparameter and variational parameter (FitResult.summary()).</p>\n" + parameter_html
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -481,6 +507,7 @@ def _html(info: dict, table: pd.DataFrame, disagreements: list[str], loo_warning
 <h2>Full comparison</h2>
 <p>Also in <a href="comparison.csv">comparison.csv</a>.</p>
 {full}
+{parameter_html}
 <h2>Figures</h2>
 {''.join(figure_html)}
 </body>

@@ -263,10 +263,13 @@ def _sampled_median(params, name: str, prior) -> np.ndarray:
 
 
 def _short(value, max_items: int = 4) -> str:
-    """A value as short text: scalars to 4 significant digits, arrays summarised past ``max_items``."""
+    """A value as short text: scalars to 4 significant digits; arrays of more than ``max_items`` entries
+    as their first and last two (flattened)."""
     a = np.asarray(value)
     if a.ndim == 0:
         return f"{a.item():.4g}" if a.dtype.kind in "fc" else str(a.item())
+    if a.ndim > 1 and a.size > max_items:
+        a = a.ravel()  # the shape has its own column: show the first and last entries only
     text = np.array2string(a, threshold=max_items, edgeitems=2, separator=", ", max_line_width=10**6,
                            formatter={"float_kind": lambda x: f"{x:.4g}"})
     return " ".join(text.split())

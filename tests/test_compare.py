@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import arviz as az
 import numpy as np
 import pandas as pd
 import pytest
@@ -54,6 +55,8 @@ def test_correct_model_ranks_first_by_elbo_and_by_loo(fits):
     trees = {name: to_datatree(res, X_test, y_test, num_draws=100) for name, res in fits.items()}
     loo = compare_loo(trees)
     assert list(loo.sort_values("rank").index) == ["rbf", "linear"]
+    plain = az.compare(trees)  # ArviZ's own comparison of the saved trees, no arguments (draws of q as posterior draws)
+    assert list(plain.index) == ["rbf", "linear"] and plain.loc["linear", "elpd_diff"] < 0
     assert {"pareto_k_max", "num_bad_k", "good_k", "elpd_test"} <= set(loo.columns)
     assert loo.loc["rbf", "elpd_test"] > loo.loc["linear", "elpd_test"]
     assert ranking_disagreements(table, loo) == []
@@ -93,8 +96,27 @@ def test_ranking_disagreements_names_both_orders():
 
 
 def test_elbo_traces_figure(fits):
+    X_test, y_test = _sin(20, 1)
+    tree = to_datatree(fits["rbf"], X_test, y_test, num_draws=100)  # the shapes of the test above: no recompilation
+    from_tree = elbo_traces_figure({"rbf": tree}).axes[0].get_lines()[0].get_ydata()
+    np.testing.assert_allclose(from_tree, fits["rbf"].objective_history / 60)  # the saved trace, per datum
     fig = elbo_traces_figure(fits)
     assert isinstance(fig, Figure)
     (ax,) = fig.axes
     assert [line.get_label() for line in ax.get_lines()] == ["linear", "rbf"]
     assert len(ax.get_lines()[0].get_xdata()) == 150
+
+
+def test_report_shows_parameter_tables_and_rebuilds_them(fits, tmp_path):
+    """The report (HTML and Markdown) shows each model's FitResult.summary() table, also after a rebuild from disk."""
+    from gpzoo.analysis.report import rebuild_report, report  # noqa: PLC0415
+
+    X_test, y_test = _sin(20, 1)
+    html_path = report(fits, tmp_path, X_test=X_test, y_test=y_test, num_draws=100, num_elbo_samples=4)
+    first = html_path.read_text(encoding="utf-8")
+    for name, res in fits.items():
+        assert res.header() in first
+    assert "<h2>Parameters</h2>" in first and "kernel.lengthscale" in first and "q_sqrt" in first
+    assert "## Parameters" in (tmp_path / "report.md").read_text(encoding="utf-8")
+    (tmp_path / "report.html").unlink()
+    assert rebuild_report(tmp_path).read_text(encoding="utf-8").count("<h3>") == len(fits)

@@ -1,8 +1,10 @@
-"""gpzoo.analysis.to_datatree and inference.posterior: ArviZ conventions, ArviZ functions, exact-GP LOO."""
+"""gpzoo.analysis.to_datatree, inference.posterior and FitResult.summary: ArviZ conventions, ArviZ
+functions with their defaults, exact-GP LOO, the parameter table."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import warnings
 
 import arviz as az
@@ -15,21 +17,24 @@ import xarray as xr
 from arviz_base import from_dict
 
 from gpzoo.analysis.compare import loo_approximate
-from gpzoo.analysis.datatree import to_datatree
+from gpzoo.analysis.datatree import heldout_view, to_datatree
 from gpzoo.analysis.report import read_datatree, write_datatree
 from gpzoo.inference.exact import exact_log_marginal, optimal_q
 from gpzoo.inference.fit import fit, predict
 from gpzoo.inference.inducing import InducingPoints
 from gpzoo.inference.posterior import conditional_given_u, pointwise_given_u, sample_inducing
 from gpzoo.models import kernels, likelihoods, zoo
-from gpzoo.models.errors import InvalidArgumentError
+from gpzoo.models.errors import InvalidArgumentError, ShapeError
+from gpzoo.models.parameters import Fixed
 from gpzoo.models.zoo import ModelSpec
 from numpyro import distributions as dist  # not `import numpyro.distributions`: see analysis/__init__.py
 
 matplotlib.use("Agg")
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # ArviZ's Pareto-k / single-chain warnings
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::RuntimeWarning")  # Pareto k, constant θ*
 
 NUM_DRAWS = 100
+HYPER = ["kernel_lengthscale", "kernel_variance", "likelihood_noise_variance"]
+TRAIN_INDEX, TEST_INDEX = 1000 + 2 * np.arange(40), 3 * np.arange(15)  # original row labels
 
 
 def _sin_data(n, seed):
@@ -43,7 +48,7 @@ def regression():
     X, y = _sin_data(40, 0)
     X_test, y_test = _sin_data(15, 1)
     res = fit(zoo.get("svgp-rbf", input_dim=1, num_inducing=8), X, y, steps=100, learning_rate=0.05, progress=False)
-    dt = to_datatree(res, X_test, y_test, num_draws=NUM_DRAWS, seed=0)
+    dt = to_datatree(res, X_test, y_test, num_draws=NUM_DRAWS, seed=0, train_index=TRAIN_INDEX, test_index=TEST_INDEX)
     return res, dt, X_test, y_test
 
 
@@ -57,29 +62,70 @@ def binary():
     return res, to_datatree(res, X[35:], y[35:], num_draws=NUM_DRAWS)
 
 
+@pytest.fixture
+def float32():
+    """Run a test with ``jax_enable_x64`` off (the library's default precision), then restore it."""
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", previous)
+
+
+def _names(dt: xr.DataTree) -> set[str]:
+    """Every variable, dimension and coordinate name of every group."""
+    names = set()
+    for node in dt.subtree:
+        names |= set(node.data_vars) | set(node.dims) | set(node.coords)
+    return names
+
+
 # ----------------------------------------------------------------------------- conventions
 def test_groups_dims_and_coords(regression):
-    res, dt, X_test, _ = regression
-    for group in ("posterior", "posterior_predictive", "log_likelihood", "observed_data", "sample_stats",
-                  "constant_data", "predictive_moments", "optimization"):
+    res, dt, X_test, y_test = regression
+    for group in ("posterior", "posterior_predictive", "log_likelihood", "observed_data", "sample_stats", "constant_data",
+                  "predictions", "predictions_constant_data", "predictions_observed_data", "predictions_log_likelihood",
+                  "predictions_moments", "optimization"):
         assert group in dt.children, group
     u = dt.posterior["u"]
-    assert u.dims == ("chain", "draw", "latent", "inducing")
-    assert u.shape == (1, NUM_DRAWS, 1, 8)
+    assert u.dims == ("chain", "draw", "latent", "inducing") and u.shape == (1, NUM_DRAWS, 1, 8)
+    # training data are the conditioning data: y, with the original row labels
     for group in ("posterior_predictive", "log_likelihood"):
-        assert dt[group]["y"].dims == ("chain", "draw", "obs_test")
-        assert dt[group]["y_train"].dims == ("chain", "draw", "obs_train")
-        assert dt[group]["y_train"].sizes["obs_train"] == 40
-    assert dt.observed_data["y"].dims == ("obs_test",)
-    np.testing.assert_array_equal(dt.observed_data["y_train"].values, res.y_train)
-    np.testing.assert_array_equal(dt.constant_data["X"].values, X_test)  # 1 column: inputs are stored
+        assert list(dt[group].data_vars) == ["y"]
+        assert dt[group]["y"].dims == ("chain", "draw", "obs_id")
+        np.testing.assert_array_equal(dt[group]["obs_id"].values, TRAIN_INDEX)
+    np.testing.assert_array_equal(dt.observed_data["y"].values, res.y_train)
+    np.testing.assert_array_equal(dt.constant_data["X"].values, res.X_train)  # 1 column: inputs are stored
+    # test data are predictions, with their own row labels
+    for group in ("predictions", "predictions_log_likelihood"):
+        assert dt[group]["y"].dims == ("chain", "draw", "obs_id")
+        np.testing.assert_array_equal(dt[group]["obs_id"].values, TEST_INDEX)
+    np.testing.assert_array_equal(dt.predictions_observed_data["y"].values, y_test)
+    np.testing.assert_array_equal(dt.predictions_constant_data["X"].values, X_test)
+    assert dt.predictions_moments["f_mean"].dims == ("obs_id", "latent")
+    np.testing.assert_array_equal(dt.predictions_moments["obs_id"].values, TEST_INDEX)
     assert dt.sample_stats["log_p"].dims == ("chain", "draw")
     assert np.all(np.isfinite(dt.sample_stats["log_q"].values))
+    # the optimisation trace and the final variational parameters
     opt = dt.optimization
-    np.testing.assert_allclose(opt["elbo"].values, res.objective_history)
-    assert opt["elbo"].sizes["step"] == 100 and "learning_rate" in opt
-    assert float(opt["kernel.lengthscale"]) == pytest.approx(float(res.params["kernel.lengthscale"]))
-    assert dt.attrs["loo_var_name"] == "y_train" and dt.attrs["task"] == "regression"
+    np.testing.assert_allclose(opt["objective"].values, res.objective_history)
+    assert opt["objective"].sizes["step"] == 100 and opt.attrs["objective"] == "ELBO"
+    assert opt["step_size"].attrs["name"] == "learning rate"
+    np.testing.assert_array_equal(opt["q_mu"].values, res.params["q_mu"])
+    assert opt["q_mu"].dims == ("latent", "inducing") and opt["q_sqrt"].dims == ("latent", "inducing", "inducing_col")
+    assert opt["inducing_Z"].dims == ("inducing", "feature")
+    # type-II point estimates: θ* in every draw, marked as such
+    for var in HYPER:
+        site = var.replace("_", ".", 1)
+        assert dt.posterior[var].dims == ("chain", "draw")
+        np.testing.assert_array_equal(dt.posterior[var].values, np.full((1, NUM_DRAWS), res.params[site]))
+        assert dt.posterior[var].attrs["site"] == site and "type-II" in dt.posterior[var].attrs["estimate"]
+    assert json.loads(dt.posterior.attrs["type_II_point_estimates"]) == HYPER
+    sites = json.loads(dt.attrs["site_names"])
+    assert sites["kernel_lengthscale"] == "kernel.lengthscale" and sites["inducing_Z"] == "inducing.Z"
+    assert not [name for name in _names(dt) if "." in name]
+    assert dt.attrs["task"] == "regression" and dt.attrs["num_train"] == 40
 
 
 def test_draws_match_q_and_the_conditional(regression):
@@ -94,66 +140,80 @@ def test_draws_match_q_and_the_conditional(regression):
     assert np.all(var >= 0)
 
 
-def test_summary_and_loo(regression):
-    _, dt, _, _ = regression
-    summary = az.summary(dt)
-    assert len(summary) == 8 and np.all(np.isfinite(summary["mean"].astype(float)))
-    loo = az.loo(dt, var_name="y_train", pointwise=True)
+def test_arviz_functions_with_their_defaults(regression):
+    """az.loo, az.summary, az.plot_forest, az.plot_ppc_pit with no extra arguments."""
+    res, dt, _, _ = regression
+    loo = az.loo(dt, pointwise=True)
     assert loo.n_data_points == 40 and np.isfinite(loo.elpd)
-    approx = az.loo_approximate_posterior(dt, dt.sample_stats["log_p"], dt.sample_stats["log_q"], var_name="y_train")
+    approx = az.loo_approximate_posterior(dt, dt.sample_stats["log_p"], dt.sample_stats["log_q"])
     assert approx.approx_posterior and np.isfinite(approx.elpd)
+    summary = az.summary(dt)
+    assert len(summary) == 8 + 3  # u [1, 8] and the three hyperparameters
+    for var in HYPER:
+        assert float(summary.loc[var, "mean"]) == pytest.approx(float(res.params[var.replace("_", ".", 1)]))
+        assert float(summary.loc[var, "sd"]) == pytest.approx(0.0, abs=1e-12)
+    assert az.plot_forest(dt, var_names=HYPER, backend="matplotlib") is not None
+    assert az.plot_ppc_pit(dt, backend="matplotlib") is not None  # training replicates
+    assert az.plot_ppc_pit(heldout_view(dt), backend="matplotlib") is not None  # test set
 
 
 def test_compare_and_plot_compare(regression):
     _, dt, _, _ = regression
     other = dt.copy()
     other["log_likelihood"] = dt["log_likelihood"].to_dataset() - 0.5  # a uniformly worse predictor
-    table = az.compare({"good": dt, "worse": other}, var_name="y_train")
+    table = az.compare({"good": dt, "worse": other})
     assert list(table.index) == ["good", "worse"]
     assert table.loc["worse", "elpd_diff"] == pytest.approx(-20.0, rel=1e-6)  # 40 points × 0.5 (ArviZ 1.x: negative)
     assert az.plot_compare(table, backend="matplotlib") is not None
 
 
-def test_ppc_plots(regression, binary):
-    _, dt, _, _ = regression
+def test_ppc_plots(binary):
     _, dt_bin = binary
-    assert az.plot_ppc_pit(dt, backend="matplotlib") is not None
-    assert set(np.unique(dt_bin.posterior_predictive["y"].values)) <= {0, 1}
-    assert dt_bin.posterior_predictive["y"].dtype.kind == "i"
+    for group in ("posterior_predictive", "predictions"):
+        assert set(np.unique(dt_bin[group]["y"].values)) <= {0, 1}
+        assert dt_bin[group]["y"].dtype.kind == "i"
     assert az.plot_ppc_pava(dt_bin, backend="matplotlib") is not None
-    probs = dt_bin.predictive_moments["probs"].values
+    assert az.plot_ppc_pava(heldout_view(dt_bin), backend="matplotlib") is not None
+    probs = dt_bin.predictions_moments["probs"].values
     np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-6)
 
 
 def test_netcdf_round_trip(regression, tmp_path):
     _, dt, _, _ = regression
-    path = write_datatree(dt, tmp_path / "model.nc")
-    back = read_datatree(path)
-    assert back.identical(dt)
+    dt.to_netcdf(tmp_path / "plain.nc")
+    with xr.open_datatree(tmp_path / "plain.nc") as back:
+        assert back.identical(dt)
+    assert read_datatree(write_datatree(dt, tmp_path / "model.nc")).identical(dt)
 
 
 def test_include_train_false_and_bad_input(regression):
     res, _, X_test, y_test = regression
     dt = to_datatree(res, X_test, y_test, num_draws=NUM_DRAWS, include_train=False)  # same shapes: no recompilation
-    assert list(dt.log_likelihood.data_vars) == ["y"] and "log_p" not in dt.sample_stats
-    assert "obs_train" not in dt.posterior_predictive.dims
+    assert "log_likelihood" not in dt.children and "log_p" not in dt.sample_stats
+    assert "predictions_log_likelihood" in dt.children
+    np.testing.assert_array_equal(dt.predictions["obs_id"].values, np.arange(15))  # default row labels
     with pytest.raises(InvalidArgumentError, match="num_draws"):
         to_datatree(res, X_test, y_test, num_draws=0)
     with pytest.raises(InvalidArgumentError, match="X_test"):
         to_datatree(res, X_test[:3], y_test)
+    with pytest.raises(ShapeError, match="test_index"):
+        to_datatree(res, X_test, y_test, test_index=np.arange(3))
+    with pytest.raises(InvalidArgumentError, match="train_index"):
+        to_datatree(res, X_test, y_test, train_index=np.zeros(40))
 
 
 def test_sampled_hyperparameters_are_drawn_per_draw():
     """A lengthscale with a prior: each u_s comes with its own θ_s ~ q(θ), and log q / log p
-    include log q(θ_s) / log p(θ_s) (checked against the LogNormal guide and prior directly)."""
+    include log q(θ_s) / log p(θ_s) (checked against the LogNormal guide and prior directly).
+    In the DataTree the draws are in ``posterior``, a Fixed hyperparameter only in attrs."""
     X, y = _sin_data(20, 4)
     prior = dist.LogNormal(0.0, 0.5)
-    spec = ModelSpec(name="rbf-prior", kernel=kernels.SquaredExponential(lengthscale=prior, variance=1.0),
+    spec = ModelSpec(name="rbf-prior", kernel=kernels.SquaredExponential(lengthscale=prior, variance=Fixed(1.0)),
                      likelihood=likelihoods.Gaussian(noise_variance=0.1), num_inducing=5)
     res = fit(spec, X, y, steps=5, progress=False)
-    draws = sample_inducing(res, 16, jax.random.PRNGKey(0))
+    draws = sample_inducing(res, 25, jax.random.PRNGKey(0))
     ls = draws.hyper["kernel.lengthscale"]  # [S]
-    assert ls.shape == (16,) and np.all(ls > 0) and np.unique(ls).size == 16
+    assert ls.shape == (25,) and np.all(ls > 0) and np.unique(ls).size == 25
     assert np.all(np.isfinite(draws.log_q)) and np.all(np.isfinite(draws.log_prior))
     # the θ-part of log p − log q: log p(θ) − log q(θ); the u-part is independent of the guide of θ
     guide = dist.LogNormal(res.params["kernel.lengthscale_auto_loc"], res.params["kernel.lengthscale_auto_scale"])
@@ -161,8 +221,76 @@ def test_sampled_hyperparameters_are_drawn_per_draw():
     u_part = (draws.log_prior - draws.log_q) - theta_part
     q_u = draws.log_q - np.asarray(guide.log_prob(ls))  # log q(u_s | θ_s)
     assert np.all(np.isfinite(u_part)) and np.all(np.isfinite(q_u))
-    pointwise = pointwise_given_u(res, X[:5], y[:5], draws, jax.random.PRNGKey(1))
-    assert pointwise.log_lik.shape == (16, 5) and np.all(np.isfinite(pointwise.log_lik))
+    pointwise = pointwise_given_u(res, X, y, draws, jax.random.PRNGKey(1))
+    assert pointwise.log_lik.shape == (25, 20) and np.all(np.isfinite(pointwise.log_lik))
+
+    dt = to_datatree(res, X, y, num_draws=25)  # the shapes above: nothing new to compile but predict
+    assert np.unique(dt.posterior["kernel_lengthscale"].values).size == 25
+    assert dt.posterior["kernel_lengthscale"].attrs["estimate"] == "draws from q(theta)"
+    assert json.loads(dt.posterior.attrs["sampled_hyperparameters"]) == ["kernel_lengthscale"]
+    assert json.loads(dt.posterior.attrs["fixed_hyperparameters"]) == {"kernel.variance": 1.0}
+    assert "kernel_variance" not in dt.posterior and "kernel_lengthscale_auto_loc" in dt.optimization
+    table = res.summary()
+    assert table.loc["kernel.lengthscale", "role"] == "sampled" and "LogNormal" in table.loc["kernel.lengthscale", "prior"]
+    assert not table.loc["kernel.variance", "trainable"] and table.loc["kernel.variance", "role"] == "fixed"
+
+
+# ----------------------------------------------------------------------------- parameter table
+def _check_summary(res, fixed=()):
+    table = res.summary()
+    assert list(table.columns) == ["class", "role", "constraint", "transform", "prior", "trainable", "shape", "dtype", "value"]
+    assert set(table.index) == set(res.params) | set(fixed)
+    for name, value in res.params.items():
+        assert table.loc[name, "shape"] == np.shape(value), name
+        assert table.loc[name, "dtype"] == str(np.asarray(value).dtype)
+    assert len(table.loc["q_sqrt", "value"]) < 120  # arrays are shortened
+    return table
+
+
+def test_summary_of_svgp_rbf(regression):
+    res, _, _, _ = regression
+    table = _check_summary(res)
+    assert list(table.index[:3]) == ["kernel.lengthscale", "kernel.variance", "likelihood.noise_variance"]
+    assert table.loc["kernel.lengthscale", "class"] == "SquaredExponential"
+    assert table.loc["kernel.lengthscale", "constraint"] == "Positive" and table.loc["kernel.lengthscale", "transform"] == "Exp"
+    assert table.loc["kernel.lengthscale", "role"] == "type-II"
+    assert table.loc["q_sqrt", "constraint"] == "LowerCholesky" and table.loc["inducing.Z", "role"] == "variational"
+    assert float(table.loc["kernel.variance", "value"]) == pytest.approx(float(res.params["kernel.variance"]), rel=1e-3)
+    html = res._repr_html_()
+    assert res.header() in html and "<table" in html and "q_sqrt" in html
+
+
+def test_conv_model_summary_and_named_dims():
+    """A weighted convolutional model: every parameter listed with its shape; patch axes named."""
+    rng = np.random.default_rng(6)
+    X = rng.uniform(0.0, 1.0, (24, 25))  # 5×5 images
+    y = (X[:, :12].sum(1) > 6).astype(np.int64)
+    spec = zoo.get("weighted-conv", image_shape=(5, 5), patch_shape=(3, 3), num_inducing=4, task="binary")
+    res = fit(spec, X, y, steps=3, progress=False)
+    table = _check_summary(res)
+    assert table.loc["kernel.weights", "shape"] == (9,) and table.loc["inducing.Z", "shape"] == (4, 9)
+    dt = to_datatree(res, X, y, num_draws=25)  # test set = training set: one compilation of the pointwise terms
+    assert dt.posterior["kernel_weights"].dims == ("chain", "draw", "patch")
+    assert dt.optimization["inducing_Z"].dims == ("inducing", "patch_feature")
+    assert dt.predictions_constant_data["X"].dims == ("obs_id", "feature")  # 25 columns: stored
+    assert not [name for name in _names(dt) if "." in name]
+    assert "kernel_weights" in az.summary(dt, var_names=["kernel_weights"]).index[0]
+
+
+def test_float32_datatree(float32, tmp_path):
+    """With x64 off the fit, the draws and the parameter table are float32; ArviZ and netCDF still work."""
+    X, y = _sin_data(30, 7)
+    res = fit(zoo.get("svgp-rbf", input_dim=1, num_inducing=6), X, y, steps=20, learning_rate=0.05, progress=False)
+    assert res.params["kernel.lengthscale"].dtype == np.float32
+    table = _check_summary(res)
+    assert set(table["dtype"]) == {"float32"}
+    dt = to_datatree(res, X, y, num_draws=25)
+    assert dt.posterior["u"].dtype == np.float32 and dt.posterior["kernel_lengthscale"].dtype == np.float32
+    assert np.isfinite(az.loo(dt).elpd)
+    assert "kernel_lengthscale" in az.summary(dt).index
+    dt.to_netcdf(tmp_path / "f32.nc")
+    with xr.open_datatree(tmp_path / "f32.nc") as back:
+        assert back.identical(dt)
 
 
 # ----------------------------------------------------------------------------- exact GP
