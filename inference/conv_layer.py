@@ -43,7 +43,7 @@ from jax.scipy.linalg import solve_triangular
 from gpzoo.inference.guides import conditional
 from gpzoo.inference.inducing import InducingPatches, Kuu
 from gpzoo.inference.linalg import cholesky_with_jitter
-from gpzoo.inference.tick_inducing import InducingPatchesWithLocations
+from gpzoo.inference.inducing import InducingPatchesWithLocations
 from gpzoo.models.errors import InvalidArgumentError, ShapeError
 from gpzoo.models.kernels.convolutional import Convolutional, extract_patches
 from gpzoo.models.kernels.tick import TICK, output_grid

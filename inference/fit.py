@@ -18,6 +18,7 @@ argument, before any tracing) and runs on the shared chunk runner
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -148,27 +149,9 @@ def predict(res: FitResult, X_new, *, num_samples: int = 0, seed: int = 0, batch
     key_h, key_s, key_p = jax.random.split(jax.random.PRNGKey(seed), 3)
     hyper = _hyper_draws(res, key_h, num_hyper_samples)
 
-    def moments(params, Xc, key):
-        with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=key):
-            parts = family.parts()
-            mean, var = family.latent_moments(parts, Xc)
-            y_mean, y_var = parts.likelihood.predict_mean_and_var(mean, var)
-            probs = parts.likelihood.predict_probs(mean, var, key=key) if parts.likelihood.task in ("binary", "multiclass") else None
-        return mean, var, y_mean, y_var, probs
-
-    def combined(Xc, key):
-        if not hyper:
-            return moments(res.params, Xc, key)
-        outs = jax.vmap(lambda h, k: moments({**res.params, **h}, Xc, k))(hyper, jax.random.split(key, num_hyper_samples))
-        mean, var, y_mean, y_var, probs = outs
-        f_mean = mean.mean(0)
-        f_var = var.mean(0) + mean.var(0)
-        ym = y_mean.mean(0)
-        yv = y_var.mean(0) + y_mean.var(0)
-        return f_mean, f_var, ym, yv, None if probs is None else probs.mean(0)
-
-    combined = jax.jit(combined)
-    pieces = [combined(jnp.asarray(X_new[sl], float_dtype()), jax.random.fold_in(key_p, i))
+    moments = functools.partial(_mixture_moments, family, res.params, hyper) if hyper else functools.partial(
+        _moments, family, res.params)
+    pieces = [moments(jnp.asarray(X_new[sl], float_dtype()), jax.random.fold_in(key_p, i))
               for i, sl in enumerate(row_slices(X_new.shape[0], batch_size))]
     f_mean, f_var, y_mean, y_var, probs = (
         None if pieces[0][j] is None else np.concatenate([np.asarray(p[j]) for p in pieces]) for j in range(5)
@@ -178,6 +161,41 @@ def predict(res: FitResult, X_new, *, num_samples: int = 0, seed: int = 0, batch
         eps = np.asarray(jax.random.normal(key_s, (num_samples,) + f_mean.shape))
         f_samples = f_mean[None] + np.sqrt(np.maximum(f_var, 0.0))[None] * eps
     return Prediction(f_mean, f_var, y_mean, y_var, probs, f_samples)
+
+
+# Compiled once per family (a static argument, hashed by identity) and reused by every later call.
+@functools.partial(jax.jit, static_argnums=0)
+def _moments(family, params, Xc, key):
+    """q(f*) moments ``[n, L]``, y* moments and class probabilities at inputs ``Xc`` ``[n, D]``."""
+    with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=key):
+        parts = family.parts()
+        mean, var = family.latent_moments(parts, Xc)
+        y_mean, y_var = parts.likelihood.predict_mean_and_var(mean, var)
+        probs = parts.likelihood.predict_probs(mean, var, key=key) if parts.likelihood.task in ("binary", "multiclass") else None
+    return mean, var, y_mean, y_var, probs
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _mixture_moments(family, params, hyper, Xc, key):
+    """:func:`_moments` averaged over draws of the sampled hyperparameters ``hyper`` ``{site: [H, ...]}`` (mixture moments)."""
+    num = jax.tree_util.tree_leaves(hyper)[0].shape[0]
+    mean, var, y_mean, y_var, probs = jax.vmap(lambda h, k: _moments(family, {**params, **h}, Xc, k))(
+        hyper, jax.random.split(key, num))
+    return (mean.mean(0), var.mean(0) + mean.var(0), y_mean.mean(0), y_var.mean(0) + y_mean.var(0),
+            None if probs is None else probs.mean(0))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 6))
+def _ell_and_kl(family, params, Xc, yc, key, rows, num_data):
+    """Σ_n E_q[log p(y_n | f_n)] over a chunk and KL[q(u) || p(u)]; ``num_data`` (static) set: per-datum
+    parameters are read at training rows ``rows`` ``[n]``."""
+    with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=key):
+        parts = family.parts()
+        lik_key = key if parts.likelihood.stochastic_expectation else None
+        inputs = family.data_term_inputs(Xc, yc) if num_data is None else family.data_term_inputs(Xc, yc, rows, num_data)
+        ell = jnp.sum(family.expected_log_lik(parts, Xc, yc, lik_key, **inputs))
+        kl = numpyro.distributions.kl.kl_divergence(family.posterior(parts), family.prior(parts))
+    return ell, kl
 
 
 # ----------------------------------------------------------------------------- ELBO
@@ -205,16 +223,6 @@ def evaluate_elbo(res: FitResult, X=None, y=None, *, num_samples: int = 32, seed
         raise InvalidArgumentError("num_samples", f"must be >= 1, got {num_samples}")
     keys = jax.random.split(jax.random.PRNGKey(seed), S)
 
-    def ell_and_kl(params, Xc, yc, key, rows):
-        with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=key):
-            parts = family.parts()
-            lik_key = key if parts.likelihood.stochastic_expectation else None
-            inputs = family.data_term_inputs(Xc, yc, rows, res.num_data) if with_indices else family.data_term_inputs(Xc, yc)
-            ell = jnp.sum(family.expected_log_lik(parts, Xc, yc, lik_key, **inputs))
-            kl = numpyro.distributions.kl.kl_divergence(family.posterior(parts), family.prior(parts))
-        return ell, kl
-
-    ell_and_kl = jax.jit(ell_and_kl)
     hyper = _hyper_draws(res, jax.random.PRNGKey(seed + 1), S)
     draws, ell_total, kl_total = [], 0.0, 0.0
     for s in range(S):
@@ -226,8 +234,9 @@ def evaluate_elbo(res: FitResult, X=None, y=None, *, num_samples: int = 32, seed
             extra = _hyper_log_ratio(res, h, X[:1], y[:1])
         ell, kl = 0.0, 0.0
         for i, sl in enumerate(row_slices(X.shape[0], batch_size)):
-            e, kl = ell_and_kl(params, jnp.asarray(X[sl]), jnp.asarray(y[sl], float_dtype()), jax.random.fold_in(keys[s], i),
-                               np.arange(sl.start, sl.stop))
+            e, kl = _ell_and_kl(family, params, jnp.asarray(X[sl]), jnp.asarray(y[sl], float_dtype()),
+                                jax.random.fold_in(keys[s], i), np.arange(sl.start, sl.stop),
+                                res.num_data if with_indices else None)
             ell += float(e)
         draws.append(ell - float(kl) - extra)
         ell_total += ell / S

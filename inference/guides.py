@@ -32,6 +32,8 @@ __all__ = [
     "COVARIANCE_STRUCTURES",
     "InducingPosterior",
     "InducingPrior",
+    "blockdiag_matvec",
+    "blockdiag_solve",
     "conditional",
     "sqrt_dense",
     "sqrt_diag",
@@ -149,14 +151,14 @@ class InducingPrior(dist.Distribution):
         eps = jax.random.normal(key, sample_shape + self.event_shape, self.Luu.dtype)
         if self.whiten:
             return eps
-        return _blockdiag_matvec(self.Luu, eps)
+        return blockdiag_matvec(self.Luu, eps)
 
     def log_prob(self, value):
         G, M, _ = self.Luu.shape
         if self.whiten:
             white, half_logdet = value, 0.0
         else:
-            white = _blockdiag_solve(self.Luu, value)
+            white = blockdiag_solve(self.Luu, value)
             half_logdet = self.num_latent * jnp.sum(jnp.log(jnp.diagonal(self.Luu, axis1=-2, axis2=-1)))
         return -0.5 * jnp.sum(white**2, axis=(-2, -1)) - half_logdet - 0.5 * self.num_latent * G * M * LOG_2PI
 
@@ -168,14 +170,14 @@ class InducingPrior(dist.Distribution):
         return cls(params[0], *aux)
 
 
-def _blockdiag_matvec(Luu, v):
+def blockdiag_matvec(Luu, v):
     """``blockdiag(Luu) v`` for v ``[..., L, GM]``."""
     G, M, _ = Luu.shape
     vg = v.reshape(v.shape[:-1] + (G, M))  # [..., L, G, M]
     return jnp.einsum("gij,...gj->...gi", Luu, vg).reshape(v.shape)
 
 
-def _blockdiag_solve(Luu, v):
+def blockdiag_solve(Luu, v):
     """``blockdiag(Luu)^{-1} v`` for v ``[..., L, GM]``."""
     G, M, _ = Luu.shape
     vg = jnp.moveaxis(v.reshape(v.shape[:-1] + (G, M)), -2, 0)[..., None]  # [G, ..., L, M, 1]
@@ -198,12 +200,12 @@ def _kl_inducing(q, p):
         # tr(Kuu^{-1} S) = || blockdiag(Luu)^{-1} S^{1/2} ||_F^2, block by block
         if q.structure == "diag":
             cols = jax.vmap(jnp.diag)(q.q_sqrt)  # [L, GM, GM] (diag only: cheap to form per block below)
-            trace = jnp.sum(_blockdiag_solve(p.Luu, jnp.swapaxes(cols, -1, -2)) ** 2)
+            trace = jnp.sum(blockdiag_solve(p.Luu, jnp.swapaxes(cols, -1, -2)) ** 2)
         elif q.structure == "block":
             trace = jnp.sum(block_solve(p.Luu[None], q.q_sqrt) ** 2)
         else:
-            trace = jnp.sum(_blockdiag_solve(p.Luu, jnp.swapaxes(q.q_sqrt, -1, -2)) ** 2)
-        maha = jnp.sum(_blockdiag_solve(p.Luu, q.q_mu) ** 2)
+            trace = jnp.sum(blockdiag_solve(p.Luu, jnp.swapaxes(q.q_sqrt, -1, -2)) ** 2)
+        maha = jnp.sum(blockdiag_solve(p.Luu, q.q_mu) ** 2)
         logdet_p = 2.0 * L_ * jnp.sum(jnp.log(jnp.diagonal(p.Luu, axis1=-2, axis2=-1)))
     return 0.5 * (trace + maha - L_ * GM + logdet_p - logdet_q)
 

@@ -28,15 +28,14 @@ from numpyro.handlers import condition, seed, substitute, trace
 from gpzoo.inference.data import check_new_inputs
 from gpzoo.inference.linalg import float_dtype
 from gpzoo.inference.results import FitResult
-from gpzoo.inference.inducing import Kuf
-from gpzoo.inference.linalg import block_solve
+
+from gpzoo.inference.guides import blockdiag_matvec, blockdiag_solve
 from gpzoo.models.errors import InvalidArgumentError, ShapeError
 
 __all__ = ["InducingDraws", "PointwiseDraws", "conditional_given_u", "pointwise_given_u", "sample_inducing"]
 
 #: Rows of X handled at once when forming Kuf ``[G, M, rows]`` (bounds memory for conv kernels).
 CHUNK_ROWS = 256
-
 
 @dataclasses.dataclass(frozen=True)
 class InducingDraws:
@@ -51,14 +50,12 @@ class InducingDraws:
     def num_draws(self) -> int:
         return int(self.u.shape[0])
 
-
 @dataclasses.dataclass(frozen=True)
 class PointwiseDraws:
     """Per-draw, per-point quantities given u_s: log p(y_n | u_s) and a replicate y_n ~ p(y | u_s)."""
 
     log_lik: np.ndarray  # [S, N]
     y_rep: np.ndarray  # [S, N] (integers for classification / count likelihoods)
-
 
 # ----------------------------------------------------------------------------- helpers
 def _check_family(res: FitResult):
@@ -72,19 +69,10 @@ def _check_family(res: FitResult):
             )
     return family
 
-
 def _parts(family, params):
     """The realised model (kernel, likelihood, Luu, q(u) parameters) at constrained ``params``."""
     with substitute(data=params), seed(rng_seed=0):
         return family.parts()
-
-
-def _blockdiag_times(Luu, v):
-    """``blockdiag(Luu) v``: Luu ``[G, M, M]``, v ``[..., L, GM]`` -> ``[..., L, GM]`` (u = Luu v)."""
-    G, M, _ = Luu.shape
-    vg = v.reshape(v.shape[:-1] + (G, M))  # [..., L, G, M]
-    return jnp.einsum("gij,...gj->...gi", Luu, vg).reshape(v.shape)
-
 
 def _sample_hyper(res: FitResult, key, num_draws: int) -> dict[str, jax.Array]:
     """θ_s ~ q(θ) for the sites with a prior (empty dict for type-II fits), ``[S, ...]`` each.
@@ -104,7 +92,6 @@ def _sample_hyper(res: FitResult, key, num_draws: int) -> dict[str, jax.Array]:
 
     return jax.vmap(one)(jax.random.split(key, num_draws))
 
-
 def _hyper_log_densities(family, num_data: int, params, values: dict, X1, y1):
     """(log q(θ), log p(θ)) of one draw θ, read off traces of the hyper guide and the model."""
     guide_tr = trace(substitute(condition(family.hyper_guide, values), data=params)).get_trace(X1, y1, num_data)
@@ -113,14 +100,12 @@ def _hyper_log_densities(family, num_data: int, params, values: dict, X1, y1):
     log_p = sum(jnp.sum(model_tr[k]["fn"].log_prob(v)) for k, v in values.items())
     return log_q, log_p
 
-
 def _check_draws(res: FitResult, draws: InducingDraws) -> None:
     if not isinstance(draws, InducingDraws):
         raise InvalidArgumentError("draws", f"expected InducingDraws from sample_inducing, got {type(draws).__name__}")
     expected = tuple(np.shape(res.params["q_mu"]))
     if tuple(draws.u.shape[1:]) != expected:
         raise ShapeError("draws", f"u has shape {draws.u.shape}, expected [S, {expected[0]}, {expected[1]}] for this model")
-
 
 # ----------------------------------------------------------------------------- q(u) draws
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -138,14 +123,13 @@ def _draw_inducing(family, num_data: int, params, hyper, keys, X1, y1):
         if family.spec.whiten:
             # u = Luu v: both densities pick up the same Jacobian −L Σ log diag Luu
             log_det = w.shape[0] * jnp.sum(jnp.log(jnp.diagonal(parts.Luu, axis1=-2, axis2=-1)))
-            w, log_q, log_p = _blockdiag_times(parts.Luu, w), log_q - log_det, log_p - log_det
+            w, log_q, log_p = blockdiag_matvec(parts.Luu, w), log_q - log_det, log_p - log_det
         if h:
             hq, hp = _hyper_log_densities(family, num_data, params, h, X1, y1)
             log_q, log_p = log_q + hq, log_p + hp
         return w, log_q, log_p
 
     return jax.vmap(one)(hyper, keys)
-
 
 def sample_inducing(res: FitResult, num_draws: int, key) -> InducingDraws:
     """Draw (θ_s, u_s) ~ q(θ) q(u | θ), s = 1..S, with log q and log p(u) (+ log p(θ)) of each."""
@@ -163,38 +147,35 @@ def sample_inducing(res: FitResult, num_draws: int, key) -> InducingDraws:
         hyper={k: np.asarray(v) for k, v in hyper.items()},
     )
 
-
 # ----------------------------------------------------------------------------- p(f | u)
 def _conditional(family, params, X, u):
-    """p(f | u) at X ``[n, D]`` for draws u ``[S, L, GM]``: mean ``[S, n, L]``, var ``[n]``."""
-    parts = _parts(family, params)
-    Kmn = Kuf(parts.inducing, parts.kernel, X)  # [G, M, n]
-    G, M, n = Kmn.shape
-    A = block_solve(parts.Luu, Kmn)  # [G, M, n]  Luu⁻¹ Kuf
-    var = parts.kernel.K_diag(X) - jnp.sum(A**2, axis=(0, 1))  # [n]  diag(Kff − Qff)
-    B = block_solve(parts.Luu, A, transpose=True).reshape(G * M, n)  # [GM, n]  Kuu⁻¹ Kuf
-    mean = jnp.einsum("slk,kn->snl", u, B)  # [S, n, L]
-    return mean, jnp.maximum(var, 0.0), parts.likelihood
+    """p(f | u) at X ``[n, D]`` for draws u ``[S, L, GM]`` (unwhitened): mean, var ``[S, n, L]``.
 
+    The family's own conditional (:meth:`~gpzoo.inference.svgp.SVGP.conditional_given_u`: exact, or
+    estimated from orbit samples for a sampled invariant kernel), in its coordinates (v = Luu⁻¹ u when whitened).
+    """
+    with substitute(data=params), seed(rng_seed=0):
+        parts = family.prior_parts()
+        v = blockdiag_solve(parts.Luu, u) if family.spec.whiten else u  # [S, L, GM]
+        mean, var = jax.vmap(lambda v_s: family.conditional_given_u(parts, X, v_s))(v)  # [S, n, L] x2
+    return mean, jnp.maximum(var, 0.0), parts.likelihood
 
 def _conditional_all(family, params, hyper, u, X):
     """mean ``[S, n, L]``, var ``[S, n, L]``, the realised likelihood, and whether it varies per draw."""
     if not hyper:
         mean, var, likelihood = _conditional(family, params, X, u)
-        return mean, jnp.broadcast_to(var[None, :, None], mean.shape), likelihood, False
+        return mean, var, likelihood, False
 
     def one(h, u_s):  # u_s [L, GM]
         mean, var, likelihood = _conditional(family, {**params, **h}, X, u_s[None])
-        return mean[0], jnp.broadcast_to(var[:, None], mean.shape[1:]), likelihood
+        return mean[0], var[0], likelihood
 
     mean, var, likelihood = jax.vmap(one)(hyper, u)
     return mean, var, likelihood, True
 
-
 @functools.partial(jax.jit, static_argnums=0)
 def _moments_chunk(family, params, hyper, u, Xc):
     return _conditional_all(family, params, hyper, u, Xc)[:2]
-
 
 def _chunks(X, *arrays):
     """Row chunks of ``CHUNK_ROWS`` (the last padded by repeating row 0, so one shape compiles):
@@ -206,7 +187,6 @@ def _chunks(X, *arrays):
         idx = np.arange(start, start + size)
         idx[stop - start :] = 0
         yield stop - start, X[idx], [a[idx] for a in arrays]
-
 
 def conditional_given_u(res: FitResult, X, draws: InducingDraws):
     """Marginals of p(f_n | u_s) at X ``[N, D]``: mean ``[S, N, L]`` and var ``[S, N, L]``.
@@ -224,7 +204,6 @@ def conditional_given_u(res: FitResult, X, draws: InducingDraws):
         means.append(np.asarray(mean)[:, :n])
         vars_.append(np.asarray(var)[:, :n])
     return np.concatenate(means, axis=1), np.concatenate(vars_, axis=1)
-
 
 # ----------------------------------------------------------------------------- p(y | u)
 def _replicate(likelihood, mean, var, key):
@@ -246,7 +225,6 @@ def _replicate(likelihood, mean, var, key):
     y_mean, y_var = likelihood.predict_mean_and_var(mean, var)  # [n, 1]
     return y_mean[:, 0] + jnp.sqrt(y_var[:, 0]) * jax.random.normal(key_y, y_mean.shape[:1], y_mean.dtype)
 
-
 @functools.partial(jax.jit, static_argnums=0)
 def _pointwise_chunk(family, params, hyper, u, Xc, yc, key):
     """log p(y_n | u_s) ``[S, n]`` and replicates ``[S, n]`` for one chunk of inputs."""
@@ -259,7 +237,6 @@ def _pointwise_chunk(family, params, hyper, u, Xc, yc, key):
     )  # [S, n]
     y_rep = jax.vmap(_replicate, in_axes=(lik_axis, 0, 0, 0))(likelihood, mean, var, keys[1])  # [S, n]
     return log_lik, y_rep
-
 
 def pointwise_given_u(res: FitResult, X, y, draws: InducingDraws, key) -> PointwiseDraws:
     """log p(y_n | u_s) ``[S, N]`` via ``likelihood.predict_log_density(y_n, μ_n(u_s), σ²_n)`` and

@@ -3,7 +3,7 @@
 ``tick``: f(x) = Σ_p g(x^[p], ℓ(p)) with unit (fixed) patch weights; ``weighted-tick``: learned
 weights w_p, the paper's single-layer TICK-GP. Both take any image shape (grey or colour: a patch is
 h×w×C values) and any task / number of classes; inducing variables are patches with locations
-(kind ``"patch-locations"``, :mod:`gpzoo.inference.tick_inducing`: random distinct training
+(kind ``"patch-locations"``, :mod:`gpzoo.inference.inducing`: random distinct training
 patches at the locations they came from, Dutordoir et al. 2020, §5.3).
 
 Defaults are those of the conv models (:mod:`gpzoo.models.zoo_convolutional`: 3×3 patches,

@@ -152,7 +152,7 @@ def test_likelihood_option_sets_every_model_likelihood(tmp_path, capsys):
 
     tree = read_datatree(out / "models" / "svgp-rbf.nc")
     assert tree.attrs["likelihood"] == "OneHotGaussian"
-    assert tree["posterior_predictive"]["y"].shape[-1] == 30  # class labels of the 30 test digits
+    assert tree["predictions"]["y"].shape[-1] == 30  # class labels of the 30 test digits
 
 
 def test_likelihood_option_refuses_names_and_tasks_that_do_not_fit(tmp_path, capsys):

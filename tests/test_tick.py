@@ -10,12 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import gpzoo.inference.tick_inducing  # noqa: F401 - registers Kuu/Kuf and the "patch-locations" initialiser
 from gpzoo.inference import conv_layer
 from gpzoo.inference.conv_layer import centre_crop
 from gpzoo.inference.guides import conditional
 from gpzoo.inference.inducing import InducingPatches, Kuf, Kuu
-from gpzoo.inference.tick_inducing import InducingPatchesWithLocations, initial_patches_with_locations
+from gpzoo.inference.inducing import InducingPatchesWithLocations, initial_patches_with_locations, initialise_inducing
 from gpzoo.models import kernels
 from gpzoo.models.errors import InvalidArgumentError, ShapeError
 from gpzoo.models.kernels import TICK, Convolutional, WeightedConvolutional, patch_locations
@@ -134,7 +133,7 @@ def test_initialised_inducing_points_sit_where_their_patch_came_from(rng):
     for m, loc in enumerate(Z_loc):
         p = int(np.flatnonzero((kern.locations() == loc).all(axis=1))[0])
         assert K_loc[p, m] == 1.0
-    inducing = gpzoo.inference.inducing.initialise_inducing("patch-locations", kern, X, 5, jax.random.PRNGKey(0))
+    inducing = initialise_inducing("patch-locations", kern, X, 5, jax.random.PRNGKey(0))
     assert isinstance(inducing, InducingPatchesWithLocations) and inducing.Z.shape == (5, 12)
 
 
@@ -420,7 +419,7 @@ def test_bad_inputs_raise_typed_errors(rng):
         conv_layer_conditional(images, tick, InducingPatches(jnp.zeros((4, 12))), np.zeros((4, 2)), np.eye(4))
     assert err.value.argument == "inducing"
     with pytest.raises(InvalidArgumentError) as err:
-        gpzoo.inference.inducing.initialise_inducing("patch-locations", tick, np.zeros((2, 70)), 3, jax.random.PRNGKey(0))
+        initialise_inducing("patch-locations", tick, np.zeros((2, 70)), 3, jax.random.PRNGKey(0))
     assert err.value.argument == "num_inducing"
 
 
@@ -444,7 +443,6 @@ def _rectangles(n, size=8, seed=0):
 def test_zoo_tick_models_build_and_train():
     """``tick`` (fixed unit weights) and ``weighted-tick`` build TICK specs for any image and task;
     the paper's weighted-tick trains on small rectangles: the ELBO goes up, λ is learned."""
-    import gpzoo.models.zoo_tick  # noqa: F401, PLC0415 - registers "tick" and "weighted-tick"
     from gpzoo.inference import fit  # noqa: PLC0415
     from gpzoo.models import zoo  # noqa: PLC0415
 

@@ -16,7 +16,7 @@ corner of the last patch, ((H_out − 1)·s, (W_out − 1)·s), so ℓ(p) = (r/(
 
 Inducing variables live in patch × location space (Dutordoir et al. 2020, §4.2): u_m = g(z_m, z_loc,m),
 so Kuu = k_patch(Z, Z) ∘ k_loc(Z_loc, Z_loc) and Kuf = Σ_p w_p k_patch(z, x^[p]) k_loc(z_loc, ℓ(p))
-(:class:`gpzoo.inference.tick_inducing.InducingPatchesWithLocations`).
+(:class:`gpzoo.inference.inducing.InducingPatchesWithLocations`).
 
 Hot paths reuse the convolutional machinery (:mod:`gpzoo.models.kernels.convolutional`). With an
 SE patch kernel the product k_patch · k_loc is one SE kernel on patches augmented with their
@@ -105,7 +105,7 @@ class TICK(ConvolutionalKernel):
     eq. 17), or ``Fixed`` ones for the unweighted kernel (:meth:`create` with ``weighted=False``).
     Normalisation, patch extraction and input checks are those of the conv kernels
     (:class:`ConvolutionalKernel`). Inducing variables: ``InducingPatchesWithLocations``
-    (:mod:`gpzoo.inference.tick_inducing`); plain inducing patches are refused with a typed error.
+    (:mod:`gpzoo.inference.inducing`); plain inducing patches are refused with a typed error.
     """
 
     location_lengthscale: Any = hyper(kw_only=True)
@@ -158,7 +158,7 @@ class TICK(ConvolutionalKernel):
         if Z_loc is None:
             raise InvalidArgumentError(
                 "inducing", "TICK's inducing variables live in patch × location space: use InducingPatchesWithLocations "
-                "(gpzoo.inference.tick_inducing), not InducingPatches",
+                "(gpzoo.inference.inducing), not InducingPatches",
             )
         if np.ndim(Z) != 2 or np.shape(Z)[1] != self.patch_dim:
             raise ShapeError("Z", f"expected [M, {self.patch_dim}] inducing patches, got shape {np.shape(Z)}")
