@@ -28,7 +28,7 @@ and a warm-up call excluded), as wall-clock and as process CPU time (all threads
   both can beat the B·P² bound below, which counts every pair), by row blocks under
   ``jax.checkpoint``, and by plain autodiff of the ``[B, P, P]`` formula; they must agree;
   ``temp_bytes`` is XLA's temporary-buffer size of the compiled function;
-* ``elbo_step``: one SVI step of zoo model ``conv`` (Adam 0.01, ``TraceMeanField_ELBO``), as
+* ``elbo_step``: one SVI step of zoo model ``conv`` (Adam 0.01, gpzoo's ``FastELBO``), as
   ``fit`` runs it — a jit-compiled ``lax.scan`` of ``--steps`` updates, divided by the steps;
   ``elbo_step_naive`` is the same with ``kff_method="naive"``, ``elbo_step_band_kff`` with
   ``kff_method="fused"`` (every pair), ``elbo_step_autodiff_kuf`` with ``kuf_method="autodiff"``.
@@ -52,7 +52,6 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
@@ -63,7 +62,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import numpyro  # noqa: E402
 import optax  # noqa: E402
-from numpyro.infer import SVI, TraceMeanField_ELBO  # noqa: E402
+from numpyro.infer import SVI  # noqa: E402
+
+from gpzoo.inference.elbo import FastELBO  # noqa: E402
 from numpyro.optim import optax_to_numpyro  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,7 +176,7 @@ def build_cases(config: str, B: int, image: int, steps: int, matmul_n: int, seed
     def elbo_steps(**own):
         model_spec = spec.replace(kernel=_with_base(kernel, **own))
         family = build_family(model_spec, inducing, num_latent=spec.likelihood.num_latent(cfg["num_classes"]))
-        svi = SVI(family.model, family.guide, optax_to_numpyro(optax.adam(0.01)), TraceMeanField_ELBO())
+        svi = SVI(family.model, family.guide, optax_to_numpyro(optax.adam(0.01)), FastELBO())
         Xj = jnp.asarray(X_all, DTYPE)
         yj = jnp.asarray(y_all, DTYPE if cfg["task"] == "binary" else jnp.int32)
         N = Xj.shape[0]

@@ -240,7 +240,9 @@ class GpzooRun:
         import jax  # noqa: PLC0415
         import jax.numpy as jnp  # noqa: PLC0415
         import optax  # noqa: PLC0415
-        from numpyro.infer import SVI, TraceMeanField_ELBO  # noqa: PLC0415
+        from numpyro.infer import SVI  # noqa: PLC0415
+
+        from gpzoo.inference.elbo import FastELBO  # noqa: PLC0415
         from numpyro.optim import optax_to_numpyro  # noqa: PLC0415
 
         from gpzoo.inference.fit import build_family  # noqa: PLC0415
@@ -257,7 +259,7 @@ class GpzooRun:
         spec = zoo.get("weighted-conv", **options)
         inducing = InducingPatches(jnp.asarray(data["Z"]))
         self.family = build_family(spec, inducing, num_latent=spec.likelihood.num_latent(job["num_classes"]))
-        self.svi = SVI(self.family.model, self.family.guide, optax_to_numpyro(optax.adam(0.01)), TraceMeanField_ELBO())
+        self.svi = SVI(self.family.model, self.family.guide, optax_to_numpyro(optax.adam(0.01)), FastELBO())
         X = jnp.asarray(data["X"])
         y = jnp.asarray(data["y"], jnp.float32 if job["task"] == "binary" else jnp.int32)
         self.Xt, self.yt, self.idx = data["Xt"], data["yt"], data["idx"]

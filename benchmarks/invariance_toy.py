@@ -20,7 +20,6 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-import gpzoo.inference.invariant  # noqa: E402,F401 - registers the invariant inducing kind / family
 from gpzoo.analysis import datasets  # noqa: E402
 from gpzoo.inference import evaluate_elbo, fit, predict  # noqa: E402
 from gpzoo.models import zoo  # noqa: E402

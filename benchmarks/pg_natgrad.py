@@ -51,7 +51,6 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 import time
 from pathlib import Path
 

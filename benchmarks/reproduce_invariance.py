@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -41,7 +40,6 @@ import optax
 from _common import machine_info, merge_results, now  # noqa: E402
 from reproduce_conv import classification_scores, subsample  # noqa: E402
 
-import gpzoo.inference.invariant  # noqa: E402,F401 - registers the invariant inducing kind and family before fitting
 
 OUT = Path(__file__).parent / "results" / "reproduce_invariance.json"
 FIGURE = Path(__file__).parent / "results" / "rotated_mnist_alpha.png"

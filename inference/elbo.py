@@ -15,13 +15,16 @@ Monte Carlo noise removed where the maths allows (van der Wilk et al. 2017, eq. 
   N/B scale;
 * ``KL[q(u) || p(u)]`` analytically (any latent site whose pair of distributions has a registered
   ``kl_divergence``);
-* the latent sites the data term integrates out (``infer["latent_site"]``, f) contribute nothing;
+* the latent sites the data term integrates out (``infer["latent_site"]``: f, and auxiliary
+  variables such as Pólya–Gamma ω whose model and guide terms the data term already holds)
+  contribute nothing;
 * every other site as ``Trace_ELBO`` does: log p − log q of the guide's draw (sampled
   hyperparameters), log p of observed sites without an expected log-likelihood.
 
 The site-level contract a model meets to use it: an observed site carries ``infer`` keys
 ``expected_log_lik`` (``fn(q_u, key) -> [B]``, built from values the model computed, calling no
-NumPyro primitive), ``inducing_site`` (the name of u) and ``latent_site`` (the name of f).
+NumPyro primitive), ``inducing_site`` (the name of u) and ``latent_site`` (the name of f, or a
+tuple of f and the auxiliary sites).
 """
 
 from __future__ import annotations
@@ -75,7 +78,8 @@ class FastELBO(ELBO):
                 q_u = guide_trace[info[INDUCING_SITE_KEY]]["fn"]
                 ell = info[EXPECTED_LOG_LIK](q_u, jax.random.fold_in(key, index))  # [B]
                 elbo = elbo + _scaled_sum(site, ell)
-                integrated.add(info[LATENT_SITE_KEY])
+                latent = info[LATENT_SITE_KEY]
+                integrated.update((latent,) if isinstance(latent, str) else latent)
         for name, site in model_trace.items():
             if site["type"] != "sample" or name in integrated:
                 continue

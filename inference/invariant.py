@@ -64,7 +64,7 @@ from numpyro.distributions import constraints
 
 from gpzoo.inference.guides import sqrt_times
 from gpzoo.inference.inducing import BaseInducingPoints
-from gpzoo.inference.polya_gamma import optimal_c, pg_logistic_bound
+from gpzoo.inference.polya_gamma import PolyaGamma, optimal_c, pg_logistic_bound
 from gpzoo.inference.svgp import SVGP, Parts
 from gpzoo.models.errors import InvalidArgumentError
 from gpzoo.models.kernels.invariant import InvariantKernel, pair_sum
@@ -91,6 +91,8 @@ DEFAULT_RECOGNITION_HIDDEN = (32, 32)
 RECOGNITION_SITE = "pg_recognition"
 #: ``numpyro.param`` site of the free per-datum tilts ``[N]`` (``pg_c="free"``).
 FREE_C_SITE = "pg_free_c"
+#: Sample site of the Pólya–Gamma variables ω_n of the augmented Bernoulli model (eq. 22).
+OMEGA_SITE = "omega"
 
 
 class MomentEstimates(NamedTuple):
@@ -109,7 +111,11 @@ def _pair_scalar(values, w_off, w_diag):
 class InvariantSVGP(SVGP):
     """SVGP whose expected log-likelihood uses the unbiased invariant-kernel estimators (module docstring)."""
 
+    #: Independent orbit-sample sets averaged for q(f*) in ``predict`` (S·rounds samples per input).
     prediction_rounds = DEFAULT_PREDICTION_ROUNDS
+    #: The same for the generative program's p(f | u) of an augmentation density (no closed form):
+    #: a Monte Carlo conditional whose bias against the exact double-integral kernel falls as 1/rounds.
+    conditional_rounds = DEFAULT_PREDICTION_ROUNDS
 
     def __init__(self, spec, inducing, num_latent):
         super().__init__(spec, inducing, num_latent)
@@ -173,7 +179,7 @@ class InvariantSVGP(SVGP):
         ``[num_data]`` at rows ``data_indices`` ``[N]``; without rows (data outside the training
         set) the closed form stands in. Call inside a NumPyro model (their values are params).
         """
-        if not (self.spec.kernel.is_sampled and isinstance(self.spec.likelihood, Bernoulli)):
+        if not self._uses_pg_bound:
             return {}
         if self.pg_c == "free" and data_indices is not None:
             if num_data is None:
@@ -201,9 +207,37 @@ class InvariantSVGP(SVGP):
             # (y − μ̂)² + (Ê[f²] − μ̂²) = y² − 2yμ̂ + Ê[f²]: linear in the estimates, hence unbiased
             return parts.likelihood.variational_expectation(y, est.mean, est.second_moment - est.mean**2)
         if tilt is None:
-            c_est = self.moment_estimates(parts, X, key_c)  # independent draw: c is fixed given it
-            tilt = jax.lax.stop_gradient(optimal_c(jnp.maximum(c_est.second_moment[:, 0], 1e-12)))  # [N]
+            tilt = self._closed_form_tilt(parts, X, key_c)  # an independent draw: c is fixed given it
         return pg_logistic_bound(y, est.mean[:, 0], est.second_moment[:, 0], tilt)  # [N]
+
+    @property
+    def auxiliary_sites(self) -> tuple[str, ...]:
+        """Pólya–Gamma variables ω_n when the bound is the PG one (sampled kernel, Bernoulli-logit)."""
+        return (OMEGA_SITE,) if self._uses_pg_bound else ()
+
+    @property
+    def _uses_pg_bound(self) -> bool:
+        return bool(self.spec.kernel.is_sampled) and isinstance(self.spec.likelihood, Bernoulli)
+
+    def auxiliary_model(self, f) -> dict:
+        """ω_n | y_n, f_n ~ PG(1, f_n): with it, log p(y_n | f_n) + log p(ω_n | f_n) = κ_n f_n − log 2 − ω_n f_n²/2
+        + log PG(ω_n; 1, 0), the augmented joint of van der Wilk et al. 2018, eq. 22, whose ELBO under
+        q(ω_n) = PG(1, c_n) is the bound of eq. 23 that the fast ELBO computes."""
+        return {OMEGA_SITE: PolyaGamma(1.0, f[..., 0])} if self._uses_pg_bound else {}
+
+    def auxiliary_guide(self, parts: Parts, X, y, data_indices, num_data) -> dict:
+        """q(ω_n) = PG(1, c_n) with the tilt of :meth:`expected_log_lik` (closed form from an orbit draw)."""
+        if not self._uses_pg_bound:
+            return {}
+        tilt = self.data_term_inputs(X, y, data_indices, num_data).get("tilt")
+        if tilt is None:
+            tilt = self._closed_form_tilt(parts, X, _key(None))
+        return {OMEGA_SITE: PolyaGamma(1.0, tilt)}
+
+    def _closed_form_tilt(self, parts: Parts, X, key):
+        """c_n = √Ê[f_n²] ``[N]`` from one orbit draw made with ``key``, without gradient (§4.5)."""
+        estimate = self.moment_estimates(parts, X, key)
+        return jax.lax.stop_gradient(optimal_c(jnp.maximum(estimate.second_moment[:, 0], 1e-12)))
 
     def recognition_params(self, input_dim: int, dtype) -> dict[str, jax.Array]:
         """The recognition network's weights as ``numpyro.param`` sites ``pg_recognition.{W,b}{i}``.
@@ -231,17 +265,18 @@ class InvariantSVGP(SVGP):
         """
         if not parts.kernel.is_sampled:
             return super().latent_moments(parts, X)
-        return self._averaged_moments(parts, X)
+        return self._averaged_moments(parts, X, self.prediction_rounds)
 
     def conditional_given_u(self, parts: Parts, X, u):
-        """p(f | u) ``[N, L]`` x2; for a sampled kernel, estimated like :meth:`latent_moments` (q(u) a point mass at u)."""
-        if not parts.kernel.is_sampled:
+        """p(f | u) ``[N, L]`` x2: exact for finite orbits (also when training sub-samples them); for an
+        augmentation density (no closed form) estimated like :meth:`latent_moments` with q(u) a point mass at u."""
+        if parts.kernel.has_closed_form:
             return super().conditional_given_u(parts, X, u)
-        return self._averaged_moments(dataclasses.replace(parts, q_mu=u, q_sqrt=None), X)
+        return self._averaged_moments(dataclasses.replace(parts, q_mu=u, q_sqrt=None), X, self.conditional_rounds)
 
-    def _averaged_moments(self, parts: Parts, X):
-        """Mean and variance ``[N, L]`` averaged over ``prediction_rounds`` independent orbit-sample sets."""
-        keys = jax.random.split(_key(None), self.prediction_rounds)  # [R, 2]
+    def _averaged_moments(self, parts: Parts, X, rounds: int):
+        """Mean and variance ``[N, L]`` averaged over ``rounds`` independent orbit-sample sets."""
+        keys = jax.random.split(_key(None), rounds)  # [R, 2]
         means, variances = jax.lax.map(lambda k: (lambda e: (e.mean, e.var))(self.moment_estimates(parts, X, k)), keys)  # [R, N, L] x2
         return jnp.mean(means, axis=0), jnp.maximum(jnp.mean(variances, axis=0), 1e-12)  # [N, L] x2
 

@@ -74,7 +74,7 @@ class SVGP:
                 return Kuu(inducing.realise(INDUCING_SITE), spec.kernel.realise(KERNEL_SITE))  # [G, M, M]
 
         self.num_groups = int(jax.eval_shape(kuu_at_init).shape[0])  # shapes only: nothing is computed
-        hyper_model = numpyro.handlers.block(self.model, hide=[U_SITE, F_SITE])
+        hyper_model = numpyro.handlers.block(self.model, hide=[U_SITE, F_SITE, *self.auxiliary_sites])
         self.hyper_guide = AutoNormal(hyper_model) if has_prior(spec) else None
 
     # ------------------------------------------------------------------ shared pieces
@@ -155,10 +155,14 @@ class SVGP:
             def expected_log_lik(q_u, key):  # [B]; the fast ELBO's data term (gpzoo.inference.elbo)
                 return self.expected_log_lik(parts.with_posterior(q_u), X, y, key, **inputs)
 
-            infer = {EXPECTED_LOG_LIK: expected_log_lik, INDUCING_SITE_KEY: U_SITE, LATENT_SITE_KEY: F_SITE}
+            infer = {EXPECTED_LOG_LIK: expected_log_lik, INDUCING_SITE_KEY: U_SITE,
+                     LATENT_SITE_KEY: (F_SITE, *self.auxiliary_sites)}
         with numpyro.plate("data", num_data or batch, subsample_size=batch):
             f = numpyro.sample(F_SITE, self._latent(parts, X, u))  # [B, L]
             numpyro.sample(Y_SITE, parts.likelihood.distribution(f), obs=self._observed(y), infer=infer)
+            if y is not None:
+                for name, fn in self.auxiliary_model(f).items():
+                    numpyro.sample(name, fn)
 
     def guide(self, X, y=None, num_data=None, data_indices=None):
         """q(θ) (sampled hyperparameters, if any), q(u), and f from the model's conditional p(f | u)."""
@@ -171,6 +175,22 @@ class SVGP:
         batch = X.shape[0]
         with numpyro.plate("data", num_data or batch, subsample_size=batch):
             numpyro.sample(F_SITE, self._latent(parts, X, u))  # [B, L]
+            if y is not None and self.auxiliary_sites:
+                posterior = dataclasses.replace(parts, q_mu=q_mu, q_sqrt=q_sqrt)
+                for name, fn in self.auxiliary_guide(posterior, X, y, data_indices, num_data or batch).items():
+                    numpyro.sample(name, fn)
+
+    #: Auxiliary latent sites of the observation model (e.g. Pólya–Gamma variables), integrated out
+    #: by the fast ELBO's data term together with f. None for the plain SVGP.
+    auxiliary_sites: tuple[str, ...] = ()
+
+    def auxiliary_model(self, f) -> dict:
+        """The model's auxiliary sites given f ``[B, L]`` (name -> distribution, batch ``[B]``)."""
+        return {}
+
+    def auxiliary_guide(self, parts: Parts, X, y, data_indices, num_data) -> dict:
+        """The guide's distributions of the auxiliary sites (``parts`` carries q(u))."""
+        return {}
 
     def _latent(self, parts: Parts, X, u) -> dist.Distribution:
         """p(f | u) as independent Normals: batch ``[B]``, event ``[L]``."""

@@ -6,11 +6,11 @@ import numpy as np
 import numpyro
 import pytest
 
-import gpzoo.inference.invariant  # noqa: F401 - registers the "invariant-svgp" family and inducing kind
 from gpzoo.analysis import datasets
 from gpzoo.inference import evaluate_elbo, fit, predict
 from gpzoo.inference.guides import InducingPosterior
-from gpzoo.inference.invariant import BaseInducingPoints, InvariantSVGP
+from gpzoo.inference.inducing import BaseInducingPoints
+from gpzoo.inference.invariant import InvariantSVGP
 from gpzoo.inference.svgp import SVGP
 from gpzoo.models import zoo
 from gpzoo.models.errors import InvalidArgumentError
