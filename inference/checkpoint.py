@@ -36,7 +36,7 @@ __all__ = ["load_checkpoint", "save_checkpoint"]
 STEP_KEY = "checkpoint_step"
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -51,7 +51,7 @@ def _atomic_write(path: Path, write) -> None:
 
 
 @contextlib.contextmanager
-def _sigint_deferred():
+def sigint_deferred():
     """Hold a SIGINT that arrives inside the block and deliver it to the previous handler on exit.
 
     Signal handlers can only be set from the main thread; elsewhere the block runs unprotected.
@@ -88,11 +88,11 @@ def save_checkpoint(directory, *, params: dict, state, history: dict, config: di
     step = np.asarray(int(config["step"]))
     config["params"] = {k: list(v.shape) for k, v in params_np.items()}
     config["state_leaves"] = [list(leaf.shape) for leaf in leaves]
-    with _sigint_deferred():
-        _atomic_write(directory / "params.npz", lambda fh: np.savez(fh, **params_np, **{STEP_KEY: step}))
-        _atomic_write(directory / "state.npz", lambda fh: np.savez(fh, *leaves, **{STEP_KEY: step}))
-        _atomic_write(directory / "history.npz", lambda fh: np.savez(fh, **history_np, **{STEP_KEY: step}))
-        _atomic_write(directory / "config.json", lambda fh: fh.write(json.dumps(config, indent=2, default=_jsonable).encode()))
+    with sigint_deferred():
+        atomic_write(directory / "params.npz", lambda fh: np.savez(fh, **params_np, **{STEP_KEY: step}))
+        atomic_write(directory / "state.npz", lambda fh: np.savez(fh, *leaves, **{STEP_KEY: step}))
+        atomic_write(directory / "history.npz", lambda fh: np.savez(fh, **history_np, **{STEP_KEY: step}))
+        atomic_write(directory / "config.json", lambda fh: fh.write(json.dumps(config, indent=2, default=_jsonable).encode()))
     return directory
 
 

@@ -46,7 +46,7 @@ import numpy as np
 import numpyro
 from numpyro.distributions import Distribution
 
-from gpzoo.inference.checkpoint import _atomic_write, _sigint_deferred
+from gpzoo.inference.checkpoint import atomic_write, sigint_deferred
 from gpzoo.inference.fit import build_family
 from gpzoo.inference.linalg import float_dtype
 from gpzoo.inference.results import FitResult
@@ -183,12 +183,12 @@ def save(result: FitResult, path) -> Path:
               for f in dataclasses.fields(result) if f.name not in REBUILT_FIELDS}
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        with _sigint_deferred():
-            _atomic_write(directory / ARRAYS_FILE, lambda fh: np.savez(fh, **encoder.arrays))
+        with sigint_deferred():
+            atomic_write(directory / ARRAYS_FILE, lambda fh: np.savez(fh, **encoder.arrays))
             document = {"format": FORMAT, "format_version": FORMAT_VERSION, "gpzoo_version": __version__,
                         "arrays": ARRAYS_FILE, "arrays_sha256": _sha256(directory / ARRAYS_FILE), "result": stored}
             text = _compact_lists(json.dumps(document, indent=1, ensure_ascii=False, allow_nan=False)) + "\n"
-            _atomic_write(directory / MODEL_FILE, lambda fh: fh.write(text.encode("utf-8")))
+            atomic_write(directory / MODEL_FILE, lambda fh: fh.write(text.encode("utf-8")))
     except OSError as exc:
         raise ModelFileError(directory, f"cannot write the model: {exc.strerror or exc}") from None
     return directory

@@ -72,7 +72,7 @@ from gpzoo.inference.linalg import float_dtype
 from gpzoo.inference.results import FitResult
 from gpzoo.inference.runner import ChunkProgram, FitSettings
 from gpzoo.inference.inducing import InducingPoints, Kuf, initialise_inducing
-from gpzoo.inference.polya_gamma import _pg1_mean, optimal_c, pg_logistic_bound
+from gpzoo.inference.polya_gamma import pg1_mean, optimal_c, pg_logistic_bound
 from gpzoo.inference.svgp import SVGP, has_prior
 from gpzoo.models.errors import InvalidArgumentError
 from gpzoo.models.likelihoods import Bernoulli
@@ -235,7 +235,7 @@ def natural_update(features: PGFeatures, y, q_mu, q_sqrt, *, scale, rho, whiten:
     c = optimal_c(second)  # [B]
     bound = scale * jnp.sum(pg_logistic_bound(y, mean, second, c)) - kl
     # natural parameters: the batch optimum (h_opt, Λ_opt), mixed with the current q(v)'s (h, Λ)
-    theta = _pg1_mean(c)  # [B]  E[ω_b]
+    theta = pg1_mean(c)  # [B]  E[ω_b]
     precision_opt = eye + scale * (A * theta) @ A.T  # [M, M]
     shift_opt = scale * A @ (jnp.asarray(y, A.dtype) - 0.5)  # [M]
 
@@ -309,7 +309,7 @@ def anderson_cavi_update(features: PGFeatures, y, q_mu, q_sqrt, memory: Anderson
     mean, second, kl = _bound_terms(features, mean_v, sqrt_v)  # [N], [N], scalar
     c = optimal_c(second)  # [N]
     bound = jnp.sum(pg_logistic_bound(y, mean, second, c)) - kl
-    step = _pg1_mean(c)  # [N]  G(θ) (or the first CAVI step from the initial q)
+    step = pg1_mean(c)  # [N]  G(θ) (or the first CAVI step from the initial q)
     accept = bound >= memory.best_bound - 1e-12 * jnp.abs(memory.best_bound)
     push = jnp.logical_and(accept, memory.started)
     thetas = jnp.where(push, _push(memory.thetas, memory.theta), memory.thetas)  # [m+1, N]

@@ -105,7 +105,7 @@ def _log_cosh_half(c):
     return jnp.logaddexp(0.5 * c, -0.5 * c) - _LOG_2
 
 
-def _pg1_mean(c):
+def pg1_mean(c):
     """E[PG(1, c)] = tanh(c/2)/(2c) ``[...]`` (PSW 2013 §3.1), = 1/4 at c = 0.
 
     tanh(u)/u has full relative precision for u ≠ 0; only u ≈ 0 needs the Taylor form (and a
@@ -478,7 +478,7 @@ def _gamma_series_remainder(beta, c, num_terms):
     """
     k = jnp.arange(1, num_terms + 1, dtype=c.dtype)  # [K]
     inv_d = 1.0 / (2.0 * _PI2 * ((k - 0.5) ** 2 + (c[..., None] / (2.0 * math.pi)) ** 2))  # [..., K]
-    tail_1 = jnp.maximum(_pg1_mean(c) - jnp.sum(inv_d, axis=-1), 0.0)  # [...]
+    tail_1 = jnp.maximum(pg1_mean(c) - jnp.sum(inv_d, axis=-1), 0.0)  # [...]
     tail_2 = jnp.maximum(_pg1_variance(c) - jnp.sum(inv_d**2, axis=-1), 0.0)  # [...]
     tail_1 = jnp.maximum(tail_1, jnp.finfo(c.dtype).tiny)
     tail_2 = jnp.maximum(tail_2, jnp.finfo(c.dtype).tiny)
@@ -622,7 +622,7 @@ class PolyaGamma(Distribution):
     @property
     def mean(self):
         b, c = self._params(self.batch_shape)
-        return b * _pg1_mean(c)
+        return b * pg1_mean(c)
 
     @property
     def variance(self):
@@ -644,7 +644,7 @@ def _kl_polya_gamma(q, p):
     shape = lax.broadcast_shapes(q.batch_shape, p.batch_shape)
     b, c_q = q._params(shape)  # [...]
     _, c_p = p._params(shape)
-    return b * (_log_cosh_half(c_q) - _log_cosh_half(c_p)) - 0.5 * (c_q * c_q - c_p * c_p) * b * _pg1_mean(c_q)
+    return b * (_log_cosh_half(c_q) - _log_cosh_half(c_p)) - 0.5 * (c_q * c_q - c_p * c_p) * b * pg1_mean(c_q)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -671,7 +671,7 @@ def pg_logistic_bound(y, f_mean, f_second_moment, c):
     if y_np is not None and np.any((y_np != 0) & (y_np != 1)):
         raise DataError("y", "Bernoulli-logit labels must be 0 or 1")
     kappa = jnp.asarray(y) - 0.5  # [N]
-    mean_omega = _pg1_mean(c)  # [N]: E_q[ω]
+    mean_omega = pg1_mean(c)  # [N]: E_q[ω]
     kl = _log_cosh_half(c) - 0.5 * c * c * mean_omega  # [N]: KL[PG(1,c) || PG(1,0)]
     return -_LOG_2 + kappa * f_mean - 0.5 * mean_omega * f_second_moment - kl
 

@@ -51,11 +51,11 @@ Normalisation = Annotated[Literal["mean", "sum"], "f = (1/T) Σ_p w_p g(x^[p]) (
 RbfVariance = Annotated[float | None, f"variance of the RBF part on whole images; none: {DEFAULT_RBF_VARIANCE}"]
 
 
-def _patch_shape(patch_shape) -> tuple[int, int]:
+def checked_patch_shape(patch_shape) -> tuple[int, int]:
     return as_int_pair(patch_shape, "patch_shape", 1, "(h, w) of positive ints")
 
 
-def _base_kernel(patch_dim: int, num_terms: int, normalisation: str, lengthscale, variance) -> kernels.Kernel:
+def patch_base_kernel(patch_dim: int, num_terms: int, normalisation: str, lengthscale, variance) -> kernels.Kernel:
     if lengthscale is None:
         lengthscale = max(1.0, math.sqrt(patch_dim) / 3.0)
     if variance is None:
@@ -63,24 +63,24 @@ def _base_kernel(patch_dim: int, num_terms: int, normalisation: str, lengthscale
     return kernels.SquaredExponential(lengthscale=lengthscale, variance=variance)
 
 
-def _num_patches(shape, patch_shape) -> int:
+def count_patches(shape, patch_shape) -> int:
     H, W, _ = image_dims(shape)
     return max(1, H - patch_shape[0] + 1) * max(1, W - patch_shape[1] + 1)
 
 
-def _spec(common: Common, name: str, kernel, shape, inducing, **options) -> ModelSpec:
+def image_model_spec(common: Common, name: str, kernel, shape, inducing, **options) -> ModelSpec:
     return common.spec(name, kernel, inducing=inducing, input_kind="image", image_shape=tuple(shape), options=options)
 
 
 def _conv(common: Common, *, weighted, colour_patch, patch_shape, lengthscale, variance, products, normalisation):
     """The (weighted) convolutional kernel for ``common``'s images, its image shape and spec options."""
     shape = common.required_image_shape(NEEDS_IMAGES)
-    patch_shape = _patch_shape(patch_shape)
+    patch_shape = checked_patch_shape(patch_shape)
     C = image_dims(shape)[2]
     channels = "patch" if colour_patch or C == 1 else "separate"
     patch_dim = patch_shape[0] * patch_shape[1] * (C if channels == "patch" else 1)
-    num_terms = _num_patches(shape, patch_shape) * (1 if channels == "patch" else C)
-    base = _base_kernel(patch_dim, num_terms, normalisation, lengthscale, variance)
+    num_terms = count_patches(shape, patch_shape) * (1 if channels == "patch" else C)
+    base = patch_base_kernel(patch_dim, num_terms, normalisation, lengthscale, variance)
     options = dict(channels=channels, products=products, normalisation=normalisation)
     if weighted:
         kernel = WeightedConvolutional.create(base, shape, patch_shape, **options)
@@ -96,7 +96,7 @@ def _register_conv(name, description, *, weighted, colour_patch):
         kernel, shape, options = _conv(common, weighted=weighted, colour_patch=colour_patch, patch_shape=patch_shape,
                                        lengthscale=lengthscale, variance=variance, products=products,
                                        normalisation=normalisation)
-        return _spec(common, name, kernel, shape, "patches", **options)
+        return image_model_spec(common, name, kernel, shape, "patches", **options)
 
     return build
 
@@ -111,7 +111,7 @@ def _register_conv_rbf(name, description, *, weighted):
                                      normalisation=normalisation)
         rbf = kernels.SquaredExponential(lengthscale=common.lengthscale(rbf_lengthscale, image_shape=shape),
                                          variance=DEFAULT_RBF_VARIANCE if rbf_variance is None else rbf_variance)
-        return _spec(common, name, ImageSum((conv, rbf)), shape, ("patches", "points"), **options)
+        return image_model_spec(common, name, ImageSum((conv, rbf)), shape, ("patches", "points"), **options)
 
     return build
 
@@ -134,11 +134,11 @@ def _per_channel_model(name, description, kernel_class, *, channel_terms: bool, 
     def build(common: Common, patch_shape: PatchShape = DEFAULT_PATCH_SHAPE, lengthscale: BaseLengthscale = None,
               variance: BaseVariance = None, products: Products = "matmul", normalisation: Normalisation = "mean") -> ModelSpec:
         shape = common.required_image_shape(NEEDS_IMAGES)
-        patch_shape = _patch_shape(patch_shape)
-        num_terms = _num_patches(shape, patch_shape) * (image_dims(shape)[2] if channel_terms else 1)
-        base = _base_kernel(patch_shape[0] * patch_shape[1], num_terms, normalisation, lengthscale, variance)
+        patch_shape = checked_patch_shape(patch_shape)
+        num_terms = count_patches(shape, patch_shape) * (image_dims(shape)[2] if channel_terms else 1)
+        base = patch_base_kernel(patch_shape[0] * patch_shape[1], num_terms, normalisation, lengthscale, variance)
         kernel = kernel_class.create(base, shape, patch_shape, products=products, normalisation=normalisation)
-        return _spec(common, name, kernel, shape, "patches", patch_shape=patch_shape)
+        return image_model_spec(common, name, kernel, shape, "patches", patch_shape=patch_shape)
 
     return build
 

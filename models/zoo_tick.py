@@ -28,10 +28,10 @@ from gpzoo.models.zoo_convolutional import (
     Normalisation,
     PatchShape,
     Products,
-    _base_kernel,
-    _num_patches,
-    _patch_shape,
-    _spec,
+    patch_base_kernel,
+    count_patches,
+    checked_patch_shape,
+    image_model_spec,
 )
 from gpzoo.models.zoo_core import Common, ModelSpec, register
 
@@ -47,15 +47,15 @@ def _register_tick(name, description, *, weighted):
               variance: BaseVariance = None, location_lengthscale: LocationLengthscale = DEFAULT_LOCATION_LENGTHSCALE,
               products: Products = "matmul", normalisation: Normalisation = "mean") -> ModelSpec:
         shape = common.required_image_shape(NEEDS_IMAGES)
-        patch_shape = _patch_shape(patch_shape)
+        patch_shape = checked_patch_shape(patch_shape)
         if location_lengthscale is None or float(location_lengthscale) <= 0:
             raise InvalidArgumentError("location_lengthscale", f"must be positive, got {location_lengthscale!r}")
         C = image_dims(shape)[2]
-        base = _base_kernel(patch_shape[0] * patch_shape[1] * C, _num_patches(shape, patch_shape), normalisation, lengthscale,
+        base = patch_base_kernel(patch_shape[0] * patch_shape[1] * C, count_patches(shape, patch_shape), normalisation, lengthscale,
                             variance)
         kernel = TICK.create(base, shape, patch_shape, float(location_lengthscale), weighted=weighted, products=products,
                              normalisation=normalisation)
-        return _spec(common, name, kernel, shape, INDUCING_KIND, patch_shape=patch_shape)
+        return image_model_spec(common, name, kernel, shape, INDUCING_KIND, patch_shape=patch_shape)
 
     return build
 

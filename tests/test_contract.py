@@ -3,7 +3,7 @@
 For every ``zoo.names()`` entry, on a small data set it accepts: build, fit 20 steps, predict,
 evaluate the ELBO, export the DataTree — all finite — and the full-data ELBO after the 20 steps
 exceeds its value at the start by more than the Monte Carlo standard error of the difference.
-The model is a generative NumPyro program: ``Predictive`` draws y with the data's shape, and
+Saved and loaded (``gpzoo.save`` / ``gpzoo.load``), it predicts bit for bit as before. The model is a generative NumPyro program: ``Predictive`` draws y with the data's shape, and
 gpzoo's fast ELBO equals the mean of ``Trace_ELBO`` on the same model and guide within 3 Monte
 Carlo standard errors. A model registered without meeting this fails here by name.
 """
@@ -20,6 +20,7 @@ from gpzoo.analysis import to_datatree
 from gpzoo.inference import evaluate_elbo, fit, predict
 from gpzoo.inference.elbo import FastELBO
 from gpzoo.models import zoo
+from test_io import assert_round_trips
 
 IMAGE_SHAPE = (6, 6)
 NUM_TRAIN, NUM_TEST = 40, 12
@@ -49,11 +50,11 @@ def _spec(name):
 
 
 @pytest.mark.parametrize("name", zoo.names())
-def test_every_zoo_model_meets_the_contract(name, precision):
-    check_contract(name, precision)
+def test_every_zoo_model_meets_the_contract(name, precision, tmp_path):
+    check_contract(name, precision, tmp_path)
 
 
-def check_contract(name: str, precision: str) -> None:
+def check_contract(name: str, precision: str, tmp_path) -> None:
     """The contract (module docstring) for zoo model ``name`` at ``precision`` (set by the caller)."""
     X, y = _bars(NUM_TRAIN, 0)
     X_test, y_test = _bars(NUM_TEST, 1)
@@ -83,6 +84,8 @@ def check_contract(name: str, precision: str) -> None:
 
     if precision == "float64":  # the generative checks once per model (float64 keeps Trace_ELBO's noise honest)
         _check_generative(res, X, y)
+    else:  # saved and loaded, in the default precision: bit-identical predictions
+        assert_round_trips(res, tmp_path / "model", X_test)
 
 
 #: Orbit-sample sets of the generative p(f | u) of an augmentation-density kernel in the ELBO check.

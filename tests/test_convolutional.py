@@ -123,7 +123,7 @@ def _base():
     return kernels.SquaredExponential(lengthscale=LS, variance=VAR)
 
 
-def _evaluate(kern, Z, X, full=False):
+def evaluate_sweep(kern, Z, X, full=False):
     """(Kzz, Kzx, K_diag[, K]) of ``kern`` in one compiled call (compilation dominates this file)."""
     def all_at_once(Z, X):
         out = (kern.Kzz(Z), kern.Kzx(Z, X), kern.K_diag(X))
@@ -186,21 +186,21 @@ def test_colour_variants_equal_brute_force(rng, kuf):
     w = rng.normal(size=k.weights.shape)
     k = WeightedConvolutional(_base(), COLOUR, COLOUR_PATCH, weights=w, **opts)
     _, Kuf_, Kff = _brute(X, Z, COLOUR, COLOUR_PATCH, w, mode="patch")
-    _, Kzx, Kdiag = _evaluate(k, Z, X)
+    _, Kzx, Kdiag = evaluate_sweep(k, Z, X)
     np.testing.assert_allclose(Kzx, Kuf_, rtol=1e-10)
     np.testing.assert_allclose(Kdiag, Kff, rtol=1e-10)
     # every channel's patches with one g (baseline of §3.4)
     w = rng.normal(size=C * k.num_patches)
     k = WeightedConvolutional(_base(), COLOUR, COLOUR_PATCH, weights=w, channels="separate", **opts)
     _, Kuf_, Kff = _brute(X, Zgrey, COLOUR, COLOUR_PATCH, w, mode="separate")
-    _, Kzx, Kdiag = _evaluate(k, Zgrey, X)
+    _, Kzx, Kdiag = evaluate_sweep(k, Zgrey, X)
     np.testing.assert_allclose(Kzx, Kuf_, rtol=1e-10)
     np.testing.assert_allclose(Kdiag, Kff, rtol=1e-10)
     # additive colour (eq. 24–25)
     w, v = rng.normal(size=k.num_patches), rng.uniform(0.5, 2.0, size=C)
     k = AdditiveColourConvolutional(_base(), COLOUR, COLOUR_PATCH, weights=w, channel_variances=v, **opts)
     Kuu_, Kuf_, Kff = _brute(X, Z, COLOUR, COLOUR_PATCH, w, scales=v, mode="additive")
-    for got, want in zip(_evaluate(k, Z, X), (Kuu_, Kuf_, Kff)):
+    for got, want in zip(evaluate_sweep(k, Z, X), (Kuu_, Kuf_, Kff)):
         np.testing.assert_allclose(got, want, rtol=1e-10)
     # multi-channel (eq. 22–23): C blocks of Kuu, Kuf [C, M, N]
     w = rng.normal(size=(C, k.num_patches))
@@ -208,7 +208,7 @@ def test_colour_variants_equal_brute_force(rng, kuf):
     Kuu_, Kuf_, Kff = _brute(X, Zgrey, COLOUR, COLOUR_PATCH, w, mode="multichannel")
     np.testing.assert_allclose(Kuu(InducingPatches(jnp.asarray(Zgrey)), k), Kuu_, rtol=1e-10)
     np.testing.assert_allclose(Kuf(InducingPatches(jnp.asarray(Zgrey)), k, jnp.asarray(X)), Kuf_, rtol=1e-10)
-    np.testing.assert_allclose(_evaluate(k, Zgrey, X)[2], Kff, rtol=1e-10)
+    np.testing.assert_allclose(evaluate_sweep(k, Zgrey, X)[2], Kff, rtol=1e-10)
 
 
 def test_multichannel_equals_explicit_per_channel_sum(rng):
@@ -220,8 +220,8 @@ def test_multichannel_equals_explicit_per_channel_sum(rng):
     multi = MultiChannelConvolutional(_base(), COLOUR, COLOUR_PATCH, weights=w, normalisation="sum")
     channel = [X.reshape(-1, H, W, C)[..., c].reshape(len(X), -1) for c in range(C)]
     parts = [WeightedConvolutional(_base(), (H, W), COLOUR_PATCH, weights=w[c], normalisation="sum") for c in range(C)]
-    _, Kzx, Kdiag, K = _evaluate(multi, Z, X, full=True)
-    per_channel = [_evaluate(p, Z, x, full=True) for p, x in zip(parts, channel)]
+    _, Kzx, Kdiag, K = evaluate_sweep(multi, Z, X, full=True)
+    per_channel = [evaluate_sweep(p, Z, x, full=True) for p, x in zip(parts, channel)]
     np.testing.assert_allclose(K, sum(c[3] for c in per_channel), rtol=1e-10)
     np.testing.assert_allclose(Kdiag, sum(c[2] for c in per_channel), rtol=1e-10)
     np.testing.assert_allclose(Kzx, np.concatenate([c[1] for c in per_channel]), rtol=1e-10)
@@ -245,7 +245,7 @@ def test_K_diag_equals_diag_K_and_Qff_below_Kff(rng, base):
     for kern in variants:
         X, _ = _data(rng, kern.image_shape, kern.patch_shape, N=6)
         Z = rng.uniform(size=(5, kern.patch_dim))
-        Kzz, Kzx, Kdiag, K = _evaluate(kern, Z, X, full=True)  # [G, M, M], [G, M, N], [N], [N, N]
+        Kzz, Kzx, Kdiag, K = evaluate_sweep(kern, Z, X, full=True)  # [G, M, M], [G, M, N], [N], [N, N]
         np.testing.assert_allclose(np.diag(K), Kdiag, rtol=1e-10)
         np.testing.assert_allclose(K, K.T, rtol=1e-10)
         Qff = sum(Kzx[g].T @ np.linalg.solve(Kzz[g], Kzx[g]) for g in range(Kzz.shape[0]))
@@ -259,7 +259,7 @@ def test_generic_base_kernel_path_equals_fast_path(rng):
     for fast, slow in zip(_all_kernels(_base()), _all_kernels(slow_base)):
         Zk = Z[:, : fast.patch_dim]
         Xk = X[:, : fast.input_dim]
-        for a, b in zip(_evaluate(slow, Zk, Xk), _evaluate(fast, Zk, Xk)):
+        for a, b in zip(evaluate_sweep(slow, Zk, Xk), evaluate_sweep(fast, Zk, Xk)):
             np.testing.assert_allclose(a, b, rtol=1e-10)
 
 
@@ -269,7 +269,7 @@ def test_unit_weights_reduce_weighted_to_plain_conv(rng):
         weighted = WeightedConvolutional.create(_base(), shape, patch, channels=channels)
         X, Z = _data(rng, shape, patch)
         Z = Z[:, : plain.patch_dim]
-        for a, b in zip(_evaluate(weighted, Z, X, full=True), _evaluate(plain, Z, X, full=True)):
+        for a, b in zip(evaluate_sweep(weighted, Z, X, full=True), evaluate_sweep(plain, Z, X, full=True)):
             np.testing.assert_allclose(a, b, rtol=1e-12)
 
 

@@ -45,7 +45,7 @@ def test_readme_extending_example_learns_its_function(example_namespace):
     np.testing.assert_allclose(kernel.K(X[:4]), kernel.K(X[:4, ::-1]), rtol=1e-6)
 
 
-def test_readme_extending_model_meets_the_zoo_contract(example_namespace, precision):
+def test_readme_extending_model_meets_the_zoo_contract(example_namespace, precision, tmp_path):
     from test_contract import check_contract  # noqa: PLC0415 - the same contract every zoo model meets
 
-    check_contract("shared-additive", precision)
+    check_contract("shared-additive", precision, tmp_path)

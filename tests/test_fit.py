@@ -220,7 +220,7 @@ def test_ctrl_c_during_a_checkpoint_write_waits_for_the_write(tmp_path, monkeypa
     """SIGINT while the first of four files is written: all four are written, then KeyboardInterrupt."""
     import gpzoo.inference.checkpoint as ck
 
-    write = ck._atomic_write
+    write = ck.atomic_write
     calls = []
 
     def interrupted_write(path, fn):
@@ -229,7 +229,7 @@ def test_ctrl_c_during_a_checkpoint_write_waits_for_the_write(tmp_path, monkeypa
             signal.raise_signal(signal.SIGINT)
         write(path, fn)
 
-    monkeypatch.setattr(ck, "_atomic_write", interrupted_write)
+    monkeypatch.setattr(ck, "atomic_write", interrupted_write)
     state = {"a": np.arange(3.0)}
     with pytest.raises(KeyboardInterrupt):
         ck.save_checkpoint(tmp_path, params={"p": np.ones(2)}, state=state, history={"elbo": np.zeros(4)},

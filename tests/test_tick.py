@@ -95,7 +95,7 @@ def _all_at_once(kern, Z, Z_loc, X):
     return Kuu(inducing, kern)[0], Kuf(inducing, kern, X)[0], kern.K_diag(X), kern.K(X)
 
 
-def _evaluate(kern, Z, Z_loc, X):
+def evaluate_sweep(kern, Z, Z_loc, X):
     """(Kuu, Kuf, K_diag, K) of a TICK kernel in one compiled call. The kernel is an argument, so
     kernels of one structure share the compilation (which dominates this file's time)."""
     return tuple(np.asarray(a) for a in _all_at_once(kern, *(jnp.asarray(a) for a in (Z, Z_loc, X))))
@@ -149,7 +149,7 @@ def test_fast_paths_equal_brute_force_pair_sums(rng):
     X, Z, Z_loc = _data(rng)
     weights = rng.normal(size=H_OUT * W_OUT)
     Kuu_, Kuf_, Kff = _brute(X, Z, Z_loc, weights)
-    for a, b in zip(_evaluate(_tick(weights, **FUSED), Z, Z_loc, X), (Kuu_, Kuf_, np.diag(Kff), Kff)):
+    for a, b in zip(evaluate_sweep(_tick(weights, **FUSED), Z, Z_loc, X), (Kuu_, Kuf_, np.diag(Kff), Kff)):
         np.testing.assert_allclose(a, b, rtol=1e-10)
     kuf = jax.jit(lambda k, Z, Z_loc, X: k.Kzx(Z, X, Z_loc=Z_loc)[0])
     for options in (dict(kuf_method="autodiff", products="conv"), dict(kuf_method="autodiff", products="matmul")):
@@ -174,7 +174,7 @@ def test_colour_patches_and_generic_patch_kernel_equal_brute_force(rng):
 
     want = _brute(X, Z, Z_loc, weights, shape=shape, patch=(2, 3), k_patch=matern32)
     for base, (Kuu_, Kuf_, Kff) in ((None, (Kuu_, Kuf_, Kff)), (matern, want)):
-        got = _evaluate(_tick(weights, shape=shape, patch=(2, 3), base=base), Z, Z_loc, X)
+        got = evaluate_sweep(_tick(weights, shape=shape, patch=(2, 3), base=base), Z, Z_loc, X)
         for a, b in zip(got, (Kuu_, Kuf_, np.diag(Kff), Kff)):
             np.testing.assert_allclose(a, b, rtol=1e-10)
 
@@ -190,7 +190,7 @@ def test_long_location_lengthscale_gives_the_convolutional_kernel(rng):
         (WeightedConvolutional(_base(), IMAGE, PATCH, weights=w, normalisation="sum", **FUSED), _tick(w, loc_ls=1e8, **FUSED)),
     ]
     for conv, tick in pairs:
-        for a, b in zip(_evaluate(tick, Z, Z_loc, X), conv_all(conv, jnp.asarray(Z), jnp.asarray(X))):
+        for a, b in zip(evaluate_sweep(tick, Z, Z_loc, X), conv_all(conv, jnp.asarray(Z), jnp.asarray(X))):
             np.testing.assert_allclose(a, b, rtol=1e-10)
 
 
@@ -198,7 +198,7 @@ def test_short_location_lengthscale_compares_patches_at_the_same_place(rng):
     """ℓ_loc → 0: Kff(x, x') = Σ_p w_p² k_patch(x^[p], x'^[p])."""
     X, Z, Z_loc = _data(rng)
     weights = rng.normal(size=H_OUT * W_OUT)
-    _, _, K_diag, K = _evaluate(_tick(weights, loc_ls=1e-3, **FUSED), Z, Z_loc, X)
+    _, _, K_diag, K = evaluate_sweep(_tick(weights, loc_ls=1e-3, **FUSED), Z, Z_loc, X)
     patches = [_loop_patches(img, PATCH)[0] for img in _images(X, IMAGE)]
     want = np.array([[sum(weights[p] ** 2 * VAR * _se(a[p], b[p], LS) for p in range(len(a))) for b in patches] for a in patches])
     np.testing.assert_allclose(K, want, rtol=1e-10)
@@ -208,7 +208,7 @@ def test_short_location_lengthscale_compares_patches_at_the_same_place(rng):
 def test_joint_prior_of_inducing_and_function_values_is_psd(rng):
     """[[Kuu, Kuf], [Kfu, Kff]] is a covariance matrix: smallest eigenvalue ≥ −1e-8·trace."""
     X, Z, Z_loc = _data(rng)
-    Kuu_, Kuf_, K_diag, K = _evaluate(_tick(rng.normal(size=H_OUT * W_OUT), **FUSED), Z, Z_loc, X)
+    Kuu_, Kuf_, K_diag, K = evaluate_sweep(_tick(rng.normal(size=H_OUT * W_OUT), **FUSED), Z, Z_loc, X)
     joint = np.block([[Kuu_, Kuf_], [Kuf_.T, K]])
     np.testing.assert_allclose(np.diag(K), K_diag, rtol=1e-10)
     assert np.linalg.eigvalsh(joint).min() >= -1e-8 * np.trace(joint)
@@ -276,7 +276,7 @@ def test_fast_paths_equal_brute_force_in_float32(rng, float32):
     weights = rng.normal(size=H_OUT * W_OUT)
     Kuu_, Kuf_, Kff = _brute(X, Z, Z_loc, weights)
     kern = _tick(np.float32(weights), **FUSED)
-    got = _evaluate(kern, np.float32(Z), np.float32(Z_loc), np.float32(X))
+    got = evaluate_sweep(kern, np.float32(Z), np.float32(Z_loc), np.float32(X))
     assert all(a.dtype == np.float32 for a in got)
     scale = np.abs(Kff).max()
     for a, b in zip(got, (Kuu_, Kuf_, np.diag(Kff), Kff)):

@@ -310,13 +310,13 @@ def se_patch_cross_sum(patches, Z, weights, chunk_rows: int | None = None, *, le
 
 
 # ----------------------------------------------------------------------------- Kff diagonal
-def _tile_rows(R: int, P: int, block_size: int | None) -> int:
+def tile_rows(R: int, P: int, block_size: int | None) -> int:
     if block_size is not None:
         return int(max(1, min(P, block_size)))
     return int(max(1, min(P, KFF_TILE_ELEMENTS // max(1, R * P))))
 
 
-def _pad_rows(U, w, block: int):
+def pad_rows(U, w, block: int):
     """Pad the patch axis to a multiple of ``block`` with zero-weight patches."""
     P = U.shape[1]
     pad = -P % block
@@ -622,8 +622,8 @@ def se_patch_gram_sum(U, weights, block_size: int | None = None, *, lengthscale=
 def _checkpointed_gram_sum(kernel: Kernel, patches, weights, block_size: int | None):
     """Σ_pq w_p w_q k(x_p, x_q) for any base kernel, row block by row block under ``jax.checkpoint``."""
     R, P, E = patches.shape
-    block = _tile_rows(R, P, block_size)
-    Xp, wp, num_blocks = _pad_rows(patches, weights, block)  # [R, Pp, E], [R, Pp]
+    block = tile_rows(R, P, block_size)
+    Xp, wp, num_blocks = pad_rows(patches, weights, block)  # [R, Pp, E], [R, Pp]
     row_blocks = jnp.moveaxis(Xp.reshape(R, num_blocks, block, E), 1, 0)  # [nb, R, b, E]
     weight_blocks = jnp.moveaxis(wp.reshape(R, num_blocks, block), 1, 0)  # [nb, R, b]
 
@@ -650,9 +650,9 @@ def patch_gram_sum(kernel: Kernel, patches, weights, method: str = "auto", block
     kernel = kernel.resolved()
     weights = jnp.broadcast_to(weights, patches.shape[:2])  # [R, P]
     if method == "auto":
-        method = ("distinct" if jax.default_backend() == "cpu" else "fused") if _is_plain_se(kernel) else "checkpoint"
+        method = ("distinct" if jax.default_backend() == "cpu" else "fused") if is_plain_se(kernel) else "checkpoint"
     if method in ("fused", "distinct"):
-        if not _is_plain_se(kernel):
+        if not is_plain_se(kernel):
             raise InvalidArgumentError("kff_method", f"{method!r} needs a SquaredExponential base kernel, got {type(kernel).__name__}")
         lengthscale = jnp.asarray(kernel.lengthscale, patches.dtype)  # [] or [E]
         sums = se_patch_gram_sum(patches, weights, block_size, lengthscale=lengthscale, distinct=method == "distinct")  # [R]
@@ -665,7 +665,7 @@ def patch_gram_sum(kernel: Kernel, patches, weights, method: str = "auto", block
     raise InvalidArgumentError("kff_method", f"unknown method {method!r}; use one of {KFF_METHODS}")
 
 
-def _is_plain_se(kernel) -> bool:
+def is_plain_se(kernel) -> bool:
     return type(kernel) is SquaredExponential and kernel.active_dims is None
 
 
@@ -676,7 +676,7 @@ def _is_fast_stationary(kernel) -> bool:
 
 # ----------------------------------------------------------------------------- kernels
 @functools.partial(jax.jit, static_argnums=(1,))
-def _evaluate(kernel, method: str, *args):
+def evaluate_sweep(kernel, method: str, *args):
     """``kernel.<method>(*args)`` compiled once per kernel structure and argument shapes.
 
     Eager calls (notebooks, tests) then reuse the compiled row-block scans instead of tracing
@@ -685,7 +685,7 @@ def _evaluate(kernel, method: str, *args):
     return getattr(kernel, method)(*args)
 
 
-def _check_weights(value, expected: tuple[int, ...], name: str) -> None:
+def check_patch_weights(value, expected: tuple[int, ...], name: str) -> None:
     """Shape check of a concrete weight array (tracers, priors and pytree placeholders pass)."""
     raw = value.value if isinstance(value, Fixed) else value
     if not isinstance(raw, (np.ndarray, jax.Array, list, tuple, float, int)) or not is_concrete(raw):
@@ -848,11 +848,11 @@ class ConvolutionalKernel(Kernel):
 
         Additive colour: Σ_c v_c k(Z_c, Z_c) (eq. 25); multi-channel: one block per g_c (eq. C.21).
         """
-        return _evaluate(self.resolved(), "_kzz", jnp.asarray(Z))  # [G, M, M]
+        return evaluate_sweep(self.resolved(), "_kzz", jnp.asarray(Z))  # [G, M, M]
 
     def Kzx(self, Z, X):
         """Kuf ``[G, M, N]``: Σ_p w_sp k_g(x^[sp], z) summed over streams (van der Wilk et al. 2017, eq. 15, 19, 23)."""
-        return _evaluate(self.resolved(), "_kzx", jnp.asarray(Z), jnp.asarray(X))  # [G, M, N]
+        return evaluate_sweep(self.resolved(), "_kzx", jnp.asarray(Z), jnp.asarray(X))  # [G, M, N]
 
     def _kzz(self, Z):
         base = self.base_kernel.resolved()
@@ -868,7 +868,7 @@ class ConvolutionalKernel(Kernel):
     def _kzx(self, Z, X):
         weights = self._patch_weights() * self._stream_scales()[:, None]  # [S, P]
         base = self.base_kernel.resolved()
-        fused_auto = _is_plain_se(base) and Z.shape[0] >= KUF_FUSED_MIN_INDUCING
+        fused_auto = is_plain_se(base) and Z.shape[0] >= KUF_FUSED_MIN_INDUCING
         if self.kuf_method == "fused" or (self.kuf_method == "auto" and fused_auto):
             per_stream = self._se_stream_cross(Z, X, base, weights)  # [S, M, N]
         else:
@@ -931,7 +931,7 @@ class ConvolutionalKernel(Kernel):
         One group except for the multi-channel kernel, whose groups are the channel functions
         Σ_p w_pc g_c(x^[pc]) of van der Wilk et al. 2017, eq. 22.
         """
-        return _evaluate(self.resolved(), "_group_k_diag", jnp.asarray(X))  # [G, N]
+        return evaluate_sweep(self.resolved(), "_group_k_diag", jnp.asarray(X))  # [G, N]
 
     def _group_k_diag(self, X):
         base = self.base_kernel.resolved()
@@ -953,7 +953,7 @@ class ConvolutionalKernel(Kernel):
     def _K(self, X, Y):
         """Full Kff ``[N, N']`` (van der Wilk et al. 2017, eq. 14): one image of X at a time (``lax.map``), for
         exact GPs, tests and plots; training needs only the diagonal."""
-        return _evaluate(self, "_k_full", X, Y)  # [N, N']
+        return evaluate_sweep(self, "_k_full", X, Y)  # [N, N']
 
     def _k_full(self, X, Y):
         base = self.base_kernel.resolved()
@@ -998,7 +998,7 @@ class ConvolutionalKernel(Kernel):
         return patches.reshape(-1, patches.shape[-1])  # [N*S*P, E]
 
 
-def _grid_patches(image_shape, patch_shape) -> int:
+def grid_patches(image_shape, patch_shape) -> int:
     """P for ``create`` (at least 1, so that a patch larger than the image reaches the typed check)."""
     H, W, _ = image_dims(image_shape)
     return max(1, H - int(patch_shape[0]) + 1) * max(1, W - int(patch_shape[1]) + 1)
@@ -1040,13 +1040,13 @@ class WeightedConvolutional(Convolutional):
 
     def __post_init__(self):
         super().__post_init__()
-        _check_weights(self.weights, (self.num_streams * self.num_patches,), "weights")
+        check_patch_weights(self.weights, (self.num_streams * self.num_patches,), "weights")
 
     @classmethod
     def create(cls, base_kernel, image_shape, patch_shape=(3, 3), **options):
         """The kernel with unit weights (equal to :class:`Convolutional` until trained)."""
         streams = image_dims(image_shape)[2] if options.get("channels", "patch") == "separate" else 1
-        weights = jnp.ones(streams * _grid_patches(image_shape, patch_shape))  # [S*P]
+        weights = jnp.ones(streams * grid_patches(image_shape, patch_shape))  # [S*P]
         return cls(base_kernel, image_shape, patch_shape, weights=weights, **options)
 
     def _raw_weights(self):
@@ -1069,14 +1069,14 @@ class AdditiveColourConvolutional(ConvolutionalKernel):
 
     def __post_init__(self):
         super().__post_init__()
-        _check_weights(self.weights, (self.num_patches,), "weights")
-        _check_weights(self.channel_variances, (self.num_channels,), "channel_variances")
+        check_patch_weights(self.weights, (self.num_patches,), "weights")
+        check_patch_weights(self.channel_variances, (self.num_channels,), "channel_variances")
 
     @classmethod
     def create(cls, base_kernel, image_shape, patch_shape=(3, 3), **options):
         """Unit patch weights, channel variances 1/C (so g̃ starts with the base kernel's variance)."""
         C = image_dims(image_shape)[2]
-        weights = jnp.ones(_grid_patches(image_shape, patch_shape))  # [P]
+        weights = jnp.ones(grid_patches(image_shape, patch_shape))  # [P]
         return cls(base_kernel, image_shape, patch_shape, weights=weights, channel_variances=jnp.ones(C) / C, **options)
 
     @property
@@ -1118,12 +1118,12 @@ class MultiChannelConvolutional(ConvolutionalKernel):
 
     def __post_init__(self):
         super().__post_init__()
-        _check_weights(self.weights, (self.num_channels, self.num_patches), "weights")
+        check_patch_weights(self.weights, (self.num_channels, self.num_patches), "weights")
 
     @classmethod
     def create(cls, base_kernel, image_shape, patch_shape=(3, 3), **options):
         """Unit weights for every channel and patch."""
-        weights = jnp.ones((image_dims(image_shape)[2], _grid_patches(image_shape, patch_shape)))  # [C, P]
+        weights = jnp.ones((image_dims(image_shape)[2], grid_patches(image_shape, patch_shape)))  # [C, P]
         return cls(base_kernel, image_shape, patch_shape, weights=weights, **options)
 
     @property

@@ -44,12 +44,12 @@ from gpzoo.models.kernels.convolutional import (
     KFF_METHODS,
     KUF_FUSED_MIN_INDUCING,
     ConvolutionalKernel,
-    _check_weights,
-    _evaluate,
-    _grid_patches,
-    _is_plain_se,
-    _pad_rows,
-    _tile_rows,
+    check_patch_weights,
+    evaluate_sweep,
+    grid_patches,
+    is_plain_se,
+    pad_rows,
+    tile_rows,
     image_dims,
     se_patch_cross_sum,
     se_patch_gram_sum,
@@ -117,7 +117,7 @@ class TICK(ConvolutionalKernel):
                 "kff_method", f"must be one of {TICK_KFF_METHODS} for TICK (every patch is distinct by its location), got {self.kff_method!r}"
             )
         super().__post_init__()
-        _check_weights(self.weights, (self.num_patches,), "weights")
+        check_patch_weights(self.weights, (self.num_patches,), "weights")
         raw = self.location_lengthscale.value if isinstance(self.location_lengthscale, Fixed) else self.location_lengthscale
         if isinstance(raw, (int, float, np.ndarray, jax.Array, list, tuple)) and np.shape(raw) not in ((), (2,)):
             raise ShapeError("location_lengthscale", f"expected a scalar or one value per axis (row, col), got shape {np.shape(raw)}")
@@ -125,7 +125,7 @@ class TICK(ConvolutionalKernel):
     @classmethod
     def create(cls, base_kernel, image_shape, patch_shape=(3, 3), location_lengthscale=0.5, *, weighted: bool = True, **options):
         """TICK with unit patch weights: learned (``weighted=True``, the paper's kernel) or ``Fixed``."""
-        weights = jnp.ones(_grid_patches(image_shape, patch_shape))  # [P]
+        weights = jnp.ones(grid_patches(image_shape, patch_shape))  # [P]
         return cls(base_kernel, image_shape, patch_shape, location_lengthscale=location_lengthscale,
                    weights=weights if weighted else Fixed(weights), **options)
 
@@ -169,12 +169,12 @@ class TICK(ConvolutionalKernel):
     def Kzz(self, Z, *, Z_loc=None):
         """Kuu ``[1, M, M]`` = k_patch(Z, Z) ∘ k_loc(Z_loc, Z_loc) (Dutordoir et al. 2020, §4.2)."""
         self._check_inducing(Z, Z_loc)
-        return _evaluate(self.resolved(), "_kzz_loc", jnp.asarray(Z), jnp.asarray(Z_loc))  # [1, M, M]
+        return evaluate_sweep(self.resolved(), "_kzz_loc", jnp.asarray(Z), jnp.asarray(Z_loc))  # [1, M, M]
 
     def Kzx(self, Z, X, *, Z_loc=None):
         """Kuf ``[1, M, N]`` = Σ_p w_p k_patch(z, x^[p]) k_loc(z_loc, ℓ(p)) (Dutordoir et al. 2020, §4.2 with eq. 2)."""
         self._check_inducing(Z, Z_loc)
-        return _evaluate(self.resolved(), "_kzx_loc", jnp.asarray(Z), jnp.asarray(Z_loc), jnp.asarray(X))  # [1, M, N]
+        return evaluate_sweep(self.resolved(), "_kzx_loc", jnp.asarray(Z), jnp.asarray(Z_loc), jnp.asarray(X))  # [1, M, N]
 
     def _kzz_loc(self, Z, Z_loc):
         base = self.base_kernel.resolved()
@@ -186,7 +186,7 @@ class TICK(ConvolutionalKernel):
         dtype = jnp.result_type(X.dtype, Z.dtype)
         weights = self._patch_weights()[0].astype(dtype)  # [P]
         locations = self.locations(dtype)  # [P, 2]
-        fused_auto = _is_plain_se(base) and Z.shape[0] >= KUF_FUSED_MIN_INDUCING
+        fused_auto = is_plain_se(base) and Z.shape[0] >= KUF_FUSED_MIN_INDUCING
         if self.kuf_method == "fused" or (self.kuf_method == "auto" and fused_auto):
             patches = self._stream_patches(X.astype(dtype))[0]  # [N, P, E]
             N, P, E = patches.shape
@@ -212,9 +212,9 @@ class TICK(ConvolutionalKernel):
         locations = self.locations(dtype)  # [P, 2]
         method = self.kff_method
         if method == "auto":
-            method = "fused" if _is_plain_se(base) else "checkpoint"
+            method = "fused" if is_plain_se(base) else "checkpoint"
         if method == "fused":
-            if not _is_plain_se(base):
+            if not is_plain_se(base):
                 raise InvalidArgumentError("kff_method", f"'fused' needs a SquaredExponential base kernel, got {type(base).__name__}")
             augmented = jnp.concatenate([patches, jnp.broadcast_to(locations, (N, P, 2))], axis=-1)  # [N, P, E+2]
             ls = self._augmented_lengthscale(base, E, dtype)  # [E+2]
@@ -272,8 +272,8 @@ def _checkpointed_located_gram_sum(kernel, patches, weights, K_loc, block_size: 
     row-block scan with the fixed location factor applied to each ``[R, b, P]`` block).
     """
     R, P, E = patches.shape
-    block = _tile_rows(R, P, block_size)
-    Xp, wp, num_blocks = _pad_rows(patches, weights, block)  # [R, Pp, E], [R, Pp]
+    block = tile_rows(R, P, block_size)
+    Xp, wp, num_blocks = pad_rows(patches, weights, block)  # [R, Pp, E], [R, Pp]
     Pp = Xp.shape[1]
     Lp = jnp.pad(K_loc, ((0, Pp - P), (0, Pp - P)))  # [Pp, Pp]  padded patches have weight 0
     row_blocks = jnp.moveaxis(Xp.reshape(R, num_blocks, block, E), 1, 0)  # [nb, R, b, E]
