@@ -55,7 +55,6 @@ the one the SVI path uses.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -478,10 +477,7 @@ def fit_pg_natgrad(
                 "trained_hyperparameters": sorted(trainable)},
         hint="Try a smaller step_size or learning_rate, or a larger jitter.", after_chunk=record_jitter,
     )
-    t0 = time.perf_counter()
     state, history, rhos_seen = settings.run(program, state, diagnostics)
-    diagnostics["seconds"] = time.perf_counter() - t0
-    diagnostics["steps"] = settings.steps
     params = {n: np.asarray(v) for n, v in constrained(state).items()}
     return FitResult(
         spec=spec, inducing=inducing, num_latent=1, params=params,

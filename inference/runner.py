@@ -9,6 +9,7 @@ A fitter describes one step as a :class:`ChunkProgram` and hands it to :func:`ru
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -66,10 +67,14 @@ class FitSettings:
         return int(B)
 
     def run(self, program: "ChunkProgram", state, diagnostics: dict):
-        """:func:`run_chunks` of ``program`` from ``state`` with these settings."""
-        return run_chunks(program, state, steps=self.steps, chunk_size=self.chunk_size, checkpoint_dir=self.checkpoint_dir,
-                          checkpoint_every=self.checkpoint_every, resume=self.resume, progress=self.progress,
-                          diagnostics=diagnostics)
+        """:func:`run_chunks` of ``program`` from ``state`` with these settings; records ``seconds`` and
+        ``steps`` in ``diagnostics``. Returns ``(state, objective history, step-size history)``."""
+        t0 = time.perf_counter()
+        out = run_chunks(program, state, steps=self.steps, chunk_size=self.chunk_size, checkpoint_dir=self.checkpoint_dir,
+                         checkpoint_every=self.checkpoint_every, resume=self.resume, progress=self.progress,
+                         diagnostics=diagnostics)
+        diagnostics["seconds"], diagnostics["steps"] = time.perf_counter() - t0, self.steps
+        return out
 
 
 @dataclasses.dataclass

@@ -7,7 +7,6 @@ method table in :mod:`gpzoo.inference.fit` says which). The loop is :func:`gpzoo
 
 from __future__ import annotations
 
-import time
 
 import jax
 import jax.numpy as jnp
@@ -79,10 +78,7 @@ def fit_svi(spec, X, y, *, family_class, settings: FitSettings) -> FitResult:
         config={"model": spec.name, "method": "svi", "num_data": N, "batch_size": B, "seed": seed},
         hint="Try a smaller learning_rate or larger jitter.", after_chunk=record_jitter,
     )
-    t0 = time.perf_counter()
     state, objective_hist, rate_hist = settings.run(program, state, diagnostics)
-    diagnostics["seconds"] = time.perf_counter() - t0
-    diagnostics["steps"] = settings.steps
     params = {k: np.asarray(v) for k, v in get_params(state).items()}
     return FitResult(
         spec=spec, inducing=inducing, num_latent=num_latent, params=params,

@@ -12,3 +12,14 @@ def precision(request):
     jax.config.update("jax_enable_x64", request.param == "float64")
     yield request.param
     jax.config.update("jax_enable_x64", previous)
+
+
+@pytest.fixture
+def float32():
+    """Run a test with ``jax_enable_x64`` off (the library's default precision), then restore it."""
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", previous)

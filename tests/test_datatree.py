@@ -62,17 +62,6 @@ def binary():
     return res, to_datatree(res, X[35:], y[35:], num_draws=NUM_DRAWS)
 
 
-@pytest.fixture
-def float32():
-    """Run a test with ``jax_enable_x64`` off (the library's default precision), then restore it."""
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", False)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_x64", previous)
-
-
 def _names(dt: xr.DataTree) -> set[str]:
     """Every variable, dimension and coordinate name of every group."""
     names = set()

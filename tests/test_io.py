@@ -115,15 +115,6 @@ def test_prior_hyperparameter_round_trips(tmp_path):
     _assert_same_predictions(res, loaded, X[:5])
 
 
-@pytest.fixture
-def float32():
-    """Run the test with JAX in float32 (the library's default), restoring float64 afterwards."""
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", False)
-    yield
-    jax.config.update("jax_enable_x64", previous)
-
-
 def test_float32_round_trip(float32, tmp_path):
     X, y, kwargs = _tiny_data("weighted-conv", "binary")
     X = X.astype(np.float32)

@@ -14,6 +14,7 @@ from gpzoo.inference import conv_layer
 from gpzoo.inference.conv_layer import centre_crop
 from gpzoo.inference.guides import conditional
 from gpzoo.inference.inducing import InducingPatches, Kuf, Kuu
+from test_convolutional import _rectangles
 from gpzoo.inference.inducing import InducingPatchesWithLocations, initial_patches_with_locations, initialise_inducing
 from gpzoo.models import kernels
 from gpzoo.models.errors import InvalidArgumentError, ShapeError
@@ -260,17 +261,6 @@ def test_fast_path_gradients_equal_autodiff_of_brute_force(rng):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-9, atol=1e-12, err_msg=name)
 
 
-@pytest.fixture
-def float32():
-    """Run a test with ``jax_enable_x64`` off (the library default), restoring the previous value."""
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", False)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_x64", previous)
-
-
 def test_fast_paths_equal_brute_force_in_float32(rng, float32):
     X, Z, Z_loc = _data(rng, N=3, M=4)
     weights = rng.normal(size=H_OUT * W_OUT)
@@ -421,23 +411,6 @@ def test_bad_inputs_raise_typed_errors(rng):
     with pytest.raises(InvalidArgumentError) as err:
         initialise_inducing("patch-locations", tick, np.zeros((2, 70)), 3, jax.random.PRNGKey(0))
     assert err.value.argument == "num_inducing"
-
-
-def _rectangles(n, size=8, seed=0):
-    """Outlines of random rectangles; label 1 when wider than tall (van der Wilk et al. 2017, §3.1, small)."""
-    rng = np.random.default_rng(seed)
-    X, y = np.zeros((n, size * size)), np.zeros(n, int)
-    for i in range(n):
-        while True:
-            h, w = rng.integers(2, size + 1, 2)
-            if h != w:
-                break
-        top, left = rng.integers(0, size - h + 1), rng.integers(0, size - w + 1)
-        img = np.zeros((size, size))
-        img[top, left : left + w] = img[top + h - 1, left : left + w] = 1
-        img[top : top + h, left] = img[top : top + h, left + w - 1] = 1
-        X[i], y[i] = img.ravel(), int(w > h)
-    return X, y
 
 
 def test_zoo_tick_models_build_and_train():
