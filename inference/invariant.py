@@ -62,7 +62,7 @@ import numpyro
 from jax.scipy.linalg import solve_triangular
 from numpyro.distributions import constraints
 
-from gpzoo.inference.guides import sqrt_times
+from gpzoo.inference.guides import conditional, sqrt_times
 from gpzoo.inference.inducing import BaseInducingPoints
 from gpzoo.inference.polya_gamma import PolyaGamma, optimal_c, pg_logistic_bound
 from gpzoo.inference.svgp import SVGP, Parts
@@ -270,8 +270,9 @@ class InvariantSVGP(SVGP):
     def conditional_given_u(self, parts: Parts, X, u):
         """p(f | u) ``[N, L]`` x2: exact for finite orbits (also when training sub-samples them); for an
         augmentation density (no closed form) estimated like :meth:`latent_moments` with q(u) a point mass at u."""
-        if parts.kernel.has_closed_form:
-            return super().conditional_given_u(parts, X, u)
+        if parts.kernel.has_closed_form:  # the whole orbit's k_fu and k_ff, also when training sub-samples it
+            Kmn = parts.kernel.K_fu(X, parts.inducing.Z)[None]  # [1, M, N]
+            return conditional(Kmn, parts.Luu, parts.kernel.K_diag(X), u, jnp.zeros_like(u), "diag", self.spec.whiten)
         return self._averaged_moments(dataclasses.replace(parts, q_mu=u, q_sqrt=None), X, self.conditional_rounds)
 
     def _averaged_moments(self, parts: Parts, X, rounds: int):

@@ -8,6 +8,7 @@ exports and is generative like every built-in one (the contract of ``test_contra
 import re
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -35,6 +36,12 @@ def example_namespace():
     zoo_core.REGISTRY.update(before)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_compilation_cache():
+    yield
+    jax.clear_caches()
+
+
 def test_readme_extending_example_learns_its_function(example_namespace):
     res, pred, X = example_namespace["res"], example_namespace["pred"], example_namespace["X"]
     truth = np.sin(X[:5]).sum(axis=1)
@@ -48,4 +55,6 @@ def test_readme_extending_example_learns_its_function(example_namespace):
 def test_readme_extending_model_meets_the_zoo_contract(example_namespace, precision, tmp_path):
     from test_contract import check_contract  # noqa: PLC0415 - the same contract every zoo model meets
 
-    check_contract("shared-additive", precision, tmp_path)
+    # a kernel class defined outside gpzoo is not loaded back by gpzoo.load (it imports classes only from
+    # gpzoo and numpyro.distributions), so the example's model skips the save/load step of the contract
+    check_contract("shared-additive", precision, tmp_path, round_trip=False)
