@@ -255,8 +255,8 @@ def test_every_docstring_citation_has_a_full_reference():
 
 
 def test_no_references_to_files_outside_the_repository():
-    """Readers have only the repository: no "../shared", DESIGN.md / STYLE.md, or papers cited as
-    "the seed" (a random seed is fine)."""
+    """Readers have only the repository: no path into a folder beside it, no DESIGN.md / STYLE.md,
+    and no paper cited as "the seed" (a random seed is fine)."""
     pattern = re.compile(r"\.\./shared|\bshared/|\bseeds/|DESIGN\.md|STYLE\.md|\bthe seed's\b|\bthe seed \(|\bThe seed\b")
     skip_dirs = {".git", ".venv", "build", "reports", "__pycache__", ".pytest_cache"}
     offenders = []
