@@ -41,11 +41,9 @@ Parameters are a plain pytree (dicts and tuples of arrays), so optax and jax.jit
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import weakref
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +59,7 @@ from gpzoo.models.errors import (
     as_float_array,
     is_concrete,
 )
+from gpzoo.models.dkm import KL_FORMS, DKMConfig, GramLayerSpec
 from gpzoo.models.kernels.gram import (
     GRAM_KERNELS,
     GramBlocks,
@@ -93,109 +92,6 @@ __all__ = [
     "gram_condition_numbers",
     "train_dkm",
 ]
-
-KL_FORMS = ("exact", "taylor_symmetric", "taylor_frobenius")
-
-
-@dataclasses.dataclass(frozen=True)
-class GramLayerSpec:
-    """One Gram layer: ``num_inducing`` P_ℓ; for conv layers a mixing filter and stride.
-
-    ``batch_norm`` adds batch kernel normalisation after the layer; ``skip_from`` (an earlier
-    layer index, −1 for the input Gram) averages this layer's output with that one's
-    (through a learned 1×1 mixing when the shapes differ), the DKM skip connection (§4.1).
-    """
-
-    num_inducing: int
-    filter_shape: tuple[int, int] = (3, 3)
-    stride: int = 1
-    batch_norm: bool = False
-    skip_from: int | None = None
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class DKMConfig:
-    """Static description of a DKM (architecture, kernel, regularisers, numerics).
-
-    architecture: ``"fc"`` (inputs ``[N, ν₀]``) or ``"conv"`` (inputs ``[N, H, W, C]``).
-    num_input_inducing: P₀ of the input Gram (inducing inputs; conv: inducing patches of
-      ``stem_patch_shape``); default the first layer's width.
-    head (conv): ``"gap"`` (global average pooling, Milsom et al. 2024, Alg. 1) or ``"flatten"``
-      (a learned readout mixing over all locations, ``head_inducing`` outputs).
-    kernel: ``"arccos"`` or ``"normalised_gaussian"``; ``kernel_bias``: initial bias.
-    nu: ν per layer (one float for all); skr: Wishart sampling on/off in training;
-    skr_gamma: γ (None: ceil(P_ℓ/4)); skr_jitter: λ, added to G̃ in training and test alike
-    (``skr=False`` with λ > 0 is the paper's "no SKR but keep jitter" ablation). kl: one of :data:`KL_FORMS` (see :func:`gram_kl`).
-    output_kl_weight: w_out (1: untempered, eq. 14). kernel_jitter: added to every K_ii as
-    ``kernel_jitter · mean(diag K_ii) · I`` (named and reported in ``aux["jitter"]``).
-    residual_tol: relative tolerance of negative Nyström residuals (None: 10·√eps of the dtype).
-    record_condition: also compute cond(G_ii) inside the traced program (an SVD per layer, which
-    roughly doubles compile time); :func:`train_dkm` records them on the host instead.
-    """
-
-    layers: tuple[GramLayerSpec, ...]
-    likelihood: Any
-    num_outputs: int
-    architecture: str = "fc"
-    num_input_inducing: int | None = None
-    stem_patch_shape: tuple[int, int] = (3, 3)
-    head: str = "gap"
-    head_inducing: int | None = None
-    kernel: str = "arccos"
-    kernel_bias: float = 0.1
-    nu: float | tuple[float, ...] = 1e-3
-    skr: bool = True
-    skr_gamma: int | tuple[int, ...] | None = None
-    skr_jitter: float = 0.1
-    kl: str = "taylor_symmetric"
-    output_kl_weight: float = 1.0
-    kernel_jitter: float = 1e-6
-    residual_tol: float | None = None
-    batch_norm_mode: str = "local"
-    record_condition: bool = False
-
-    def __post_init__(self):
-        object.__setattr__(self, "layers", tuple(self.layers))
-        if not self.layers:
-            raise InvalidArgumentError("layers", "a DKM needs at least one Gram layer")
-        for name, value, allowed in (
-            ("architecture", self.architecture, ("fc", "conv")),
-            ("head", self.head, ("gap", "flatten")),
-            ("kernel", self.kernel, tuple(GRAM_KERNELS)),
-            ("kl", self.kl, KL_FORMS),
-            ("batch_norm_mode", self.batch_norm_mode, ("local", "image")),
-        ):
-            if value not in allowed:
-                raise InvalidArgumentError(name, f"must be one of {allowed}, got {value!r}")
-        for i, spec in enumerate(self.layers):
-            if spec.num_inducing < 1:
-                raise InvalidArgumentError(f"layers[{i}].num_inducing", f"must be >= 1, got {spec.num_inducing}")
-            if spec.skip_from is not None and not -1 <= spec.skip_from < i:
-                raise InvalidArgumentError(f"layers[{i}].skip_from", f"must be in [-1, {i - 1}], got {spec.skip_from}")
-            if self.architecture == "conv" and any(k % 2 == 0 for k in spec.filter_shape):
-                raise InvalidArgumentError(f"layers[{i}].filter_shape", f"must be odd, got {spec.filter_shape}")
-        if self.head == "flatten" and self.architecture == "conv" and not self.head_inducing:
-            raise InvalidArgumentError("head_inducing", "the flatten head needs its number of inducing outputs")
-        if self.skr_jitter < 0 or self.kernel_jitter < 0:
-            raise InvalidArgumentError("skr_jitter", "jitters must be >= 0")
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.layers)
-
-    def layer_nu(self, index: int) -> float:
-        return float(self.nu[index] if isinstance(self.nu, (tuple, list)) else self.nu)
-
-    def layer_gamma(self, index: int) -> int:
-        g = self.skr_gamma
-        if g is None:
-            return math.ceil(self.layers[index].num_inducing / 4)
-        return int(g[index] if isinstance(g, (tuple, list)) else g)
-
-    @property
-    def input_inducing(self) -> int:
-        return self.num_input_inducing or self.layers[0].num_inducing
-
 
 def _layer_name(index: int) -> str:
     return f"layer {index + 1}"
@@ -233,12 +129,31 @@ def wishart_skr(key, G_chol, gamma: int, jitter: float, train: bool = True):
     keeps G̃ positive definite). Test time (``train=False``): G + λI, deterministic.
     """
     P = G_chol.shape[-1]
-    eye = jnp.eye(P, dtype=G_chol.dtype)
     if not train:
-        return G_chol @ G_chol.T + jitter * eye  # [P, P]
-    E = jax.random.normal(key, (P, gamma), G_chol.dtype)  # [P, γ]
-    F = G_chol @ E  # [P, γ]
-    return F @ F.T / gamma + jitter * eye  # [P, P]
+        return G_chol @ G_chol.T + jitter * jnp.eye(P, dtype=G_chol.dtype)  # [P, P]
+    return wishart_from_noise(G_chol, jax.random.normal(key, (P, gamma), G_chol.dtype), jitter)
+
+
+def wishart_from_noise(G_chol, noise, jitter: float):
+    """G̃ = (1/γ) (V E)(V E)ᵀ + λI for V = ``G_chol [P, P]`` and standard-normal E = ``noise [P, γ]``.
+
+    The SKR draw of :func:`wishart_skr` with its noise given: the generative program
+    (:mod:`gpzoo.inference.dkm_family`) samples E as a NumPyro site and hands it in here.
+    """
+    gamma = noise.shape[-1]
+    F = G_chol @ noise  # [P, γ]
+    return F @ F.T / gamma + jitter * jnp.eye(G_chol.shape[-1], dtype=G_chol.dtype)  # [P, P]
+
+
+def skr_noise_shapes(config: DKMConfig) -> tuple[tuple[int, int], ...]:
+    """Shape ``(P_ℓ, γ_ℓ)`` of the SKR noise E_ℓ of every Gram layer."""
+    return tuple((spec.num_inducing, config.layer_gamma(i)) for i, spec in enumerate(config.layers))
+
+
+def skr_noise(key, config: DKMConfig, dtype):
+    """One standard-normal E_ℓ ``[P_ℓ, γ_ℓ]`` per Gram layer (the keys :func:`wishart_skr` would use)."""
+    keys = jax.random.split(key, config.num_layers)
+    return tuple(jax.random.normal(k, shape, dtype) for k, shape in zip(keys, skr_noise_shapes(config)))
 
 
 def default_residual_tol(dtype) -> float:
@@ -373,19 +288,15 @@ def _cond_from_chol(V):
     return (s[0] / s[-1]) ** 2
 
 
-def forward(params, config: DKMConfig, X, key=None, train: bool = False, *, _init: bool = False):
-    """Propagate a batch through every layer. Returns ``(out, aux)`` (traceable, no host checks).
+def gram_layers(params, config: DKMConfig, X, noise=None, *, _init: bool = False):
+    """The input Gram, every Gram layer and the conv head: the DKM up to its output kernel (traceable).
 
-    out: ``f_mean [B, C]`` and ``f_var [B]`` of the output GP (shared across classes) and
-    ``blocks`` (the last Gram layer's blocks before the head). aux: per layer ``checks``, ``kl``,
-    ``jitter``, ``K_ii`` (the prior covariance the KL compares G_ii with) and, if
-    ``record_condition``, ``condition`` = cond(G_ii).
-    With ``_init=True`` every V (and Σ of the output layer) is set to chol of the K it sees, and
-    the updated parameters are returned in ``out["params"]`` (the NNGP start).
+    ``noise``: the SKR noise E_ℓ of every layer (:func:`skr_noise`; training), or None for the
+    test-time G̃_ℓ = G_ℓ + λI. Returns ``(G, blocks, aux, layers)``: the flat Gram blocks the
+    output kernel sees, the last Gram layer's blocks (before the head), the diagnostics (per
+    layer ``checks``, ``kl``, ``jitter``, ``K_ii`` and, if ``record_condition``, ``condition``),
+    and the layer parameters (with every V set to chol K_ii when ``_init``).
     """
-    if train and key is None:
-        raise InvalidArgumentError("key", "training mode samples the SKR Wishart noise and needs a PRNG key")
-    keys = jax.random.split(key, config.num_layers) if train else [None] * config.num_layers
     aux = {"checks": {}, "kl": {}, "jitter": {}, "condition": {}, "K_ii": {}}
     new_layers = []
     G = _input_gram(params, config, X)
@@ -399,8 +310,10 @@ def forward(params, config: DKMConfig, X, key=None, train: bool = False, *, _ini
         if _init:
             lp["V"] = raw_from_chol(L)
         V = chol_factor(lp["V"])  # [P, P]
-        G_tilde = wishart_skr(keys[index], V, config.layer_gamma(index), config.skr_jitter,
-                              train=train and config.skr)  # [P, P]
+        if noise is None:
+            G_tilde = wishart_skr(None, V, config.layer_gamma(index), config.skr_jitter, train=False)  # [P, P]
+        else:
+            G_tilde = wishart_from_noise(V, noise[index], config.skr_jitter)  # [P, P]
         G, checks = nystrom(L, K.ti, K.t, G_tilde, config.residual_tol)
         checks["chol_ok"] = jnp.all(jnp.isfinite(L))
         aux["checks"][name] = checks
@@ -419,46 +332,76 @@ def forward(params, config: DKMConfig, X, key=None, train: bool = False, *, _ini
         history[index] = G
         new_layers.append(lp)
 
-    out = {"blocks": G}
+    blocks = G
     if config.architecture == "conv":
         if config.head == "gap":
             G, head_checks = global_average_pool(G, config.kernel_jitter * jnp.mean(jnp.diagonal(G.ii)))
             aux["checks"]["head"] = {
                 "chol_ok": head_checks["chol_ok"],
                 "min_residual": head_checks["min_residual"],
-                "residual_ok": head_checks["min_residual"] >= -(
-                    default_residual_tol(G.ti.dtype) if config.residual_tol is None else config.residual_tol),
+                "residual_ok": head_checks["min_residual"] >= -_residual_tol(config, G.ti.dtype),
             }
         else:
             G = flatten_mix(G, params["head_mix"] / math.sqrt(params["head_mix"].shape[-2]))
+    return G, blocks, aux, tuple(new_layers)
 
-    op = dict(params["output"])
-    K = GRAM_KERNELS[config.kernel](G, jnp.exp(op["log_scale"]), jnp.exp(op["log_bias"]))  # ii [P,P], ti [B,P], t [B]
+
+def _residual_tol(config: DKMConfig, dtype) -> float:
+    return default_residual_tol(dtype) if config.residual_tol is None else config.residual_tol
+
+
+def output_kernel(output_params, config: DKMConfig, G: GramBlocks):
+    """The output GP's kernel blocks from the last flat Gram blocks: ``(K, L, jitter)``.
+
+    K = Φ(G) with the output layer's scale and bias (ii ``[P, P]``, ti ``[B, P]``, t ``[B]``);
+    L = chol(K_ii + jitter·I) ``[P, P]``, the prior covariance of the output inducing values.
+    """
+    K = GRAM_KERNELS[config.kernel](G, jnp.exp(output_params["log_scale"]), jnp.exp(output_params["log_bias"]))
     K_ii, jitter = _jittered(K.ii, config.kernel_jitter)
-    L = jnp.linalg.cholesky(K_ii)  # [P, P]
+    return GramBlocks(K_ii, K.ti, K.t), jnp.linalg.cholesky(K_ii), jitter
+
+
+def output_checks(config: DKMConfig, K: GramBlocks, L, X_s):
+    """Numerics of the output layer: Cholesky finite, Nyström residual K_t − ‖L⁻¹k_t‖² not too negative."""
+    residual = K.t - jnp.sum(X_s * X_s, axis=0)  # [B]
+    ratio = residual / jnp.maximum(jnp.abs(K.t), jnp.finfo(K.t.dtype).tiny)  # [B]
+    checks = {"chol_ok": jnp.all(jnp.isfinite(L)), "min_residual": jnp.min(ratio),
+              "residual_ok": jnp.min(ratio) >= -_residual_tol(config, K.t.dtype)}
+    return residual, checks
+
+
+def forward(params, config: DKMConfig, X, key=None, train: bool = False, *, _init: bool = False):
+    """Propagate a batch through every layer. Returns ``(out, aux)`` (traceable, no host checks).
+
+    out: ``f_mean [B, C]`` and ``f_var [B]`` of the output GP (shared across classes) and
+    ``blocks`` (the last Gram layer's blocks before the head). aux: per layer ``checks``, ``kl``,
+    ``jitter``, ``K_ii`` (the prior covariance the KL compares G_ii with) and, if
+    ``record_condition``, ``condition`` = cond(G_ii).
+    With ``_init=True`` every V (and Σ of the output layer) is set to chol of the K it sees, and
+    the updated parameters are returned in ``out["params"]`` (the NNGP start).
+    """
+    if train and key is None:
+        raise InvalidArgumentError("key", "training mode samples the SKR Wishart noise and needs a PRNG key")
+    noise = skr_noise(key, config, X.dtype) if train and config.skr else None
+    G, blocks, aux, new_layers = gram_layers(params, config, X, noise, _init=_init)
+    out = {"blocks": blocks}
+    op = dict(params["output"])
+    K, L, jitter = output_kernel(op, config, G)  # ii [P,P], ti [B,P], t [B]; L [P, P]
     if _init:
         op["V"] = raw_from_chol(L)
     S_chol = chol_factor(op["V"])  # [P, P], Σ = S Sᵀ shared by the classes
     X_s = solve_triangular(L, K.ti.T, lower=True)  # [P, B]
     mu_s = solve_triangular(L, op["mu"], lower=True)  # [P, C]
     Y = solve_triangular(L, S_chol, lower=True)  # [P, P]
-    residual = K.t - jnp.sum(X_s * X_s, axis=0)  # [B]
-    tol = default_residual_tol(K.t.dtype) if config.residual_tol is None else config.residual_tol
-    ratio = residual / jnp.maximum(jnp.abs(K.t), jnp.finfo(K.t.dtype).tiny)  # [B]
+    residual, aux["checks"]["output"] = output_checks(config, K, L, X_s)
     out["f_mean"] = X_s.T @ mu_s  # [B, C]
     out["f_var"] = jnp.maximum(residual, 0.0) + jnp.sum((Y.T @ X_s) ** 2, axis=0)  # [B]
     num_classes = op["mu"].shape[-1]
-    kl_out = num_classes * gram_kl(S_chol, L, K_ii, config.kl) + 0.5 * jnp.sum(mu_s * mu_s)
-    aux["checks"]["output"] = {
-        "chol_ok": jnp.all(jnp.isfinite(L)),
-        "min_residual": jnp.min(ratio),
-        "residual_ok": jnp.min(ratio) >= -tol,
-    }
-    aux["kl"]["output"] = kl_out
+    aux["kl"]["output"] = num_classes * gram_kl(S_chol, L, K.ii, config.kl) + 0.5 * jnp.sum(mu_s * mu_s)
     aux["jitter"]["output"] = jitter
     if _init:
         new = dict(params)
-        new["layers"] = tuple(new_layers)
+        new["layers"] = new_layers
         new["output"] = op
         out["params"] = new
     return out, aux
