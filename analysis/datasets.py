@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpzoo.models.errors import DataError, GPZooError, InvalidArgumentError, ShapeError, is_concrete
+from gpzoo.models.errors import UNIT_RANGE_TOLERANCE, DataError, GPZooError, InvalidArgumentError, ShapeError, is_concrete, unit_range_problem
 
 __all__ = [
     "Dataset",
@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 TASKS = ("regression", "binary", "multiclass")
-VALUE_TOLERANCE = 1e-6  # slack on the [0, 1] range of image values (float round-off)
+VALUE_TOLERANCE = UNIT_RANGE_TOLERANCE  # slack on the [0, 1] range of image values (float round-off)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -245,9 +245,9 @@ def validate_images(X, image_shape, patch_shape=None, argument: str = "X", *, to
     finite = np.isfinite(arr)
     if not finite.all():
         raise DataError(argument, f"contains {arr.size - np.count_nonzero(finite)} NaN/inf value(s)")
-    lo, hi = arr.min(), arr.max()
-    if lo < -tol or hi > 1 + tol:
-        raise DataError(argument, f"image values must lie in [0, 1] (tolerance {tol:g}), found range [{lo:g}, {hi:g}]")
+    problem = unit_range_problem(arr, tol)
+    if problem:
+        raise DataError(argument, problem)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -96,6 +96,15 @@ def save_checkpoint(directory, *, params: dict, state, history: dict, config: di
     return directory
 
 
+def _difference(key: str, saved, now) -> str:
+    """One clause of a resume mismatch: what ``key`` was in the checkpoint and what it is now."""
+    if key == "data_fingerprint":
+        return "the training data (X, y) differ from the data the checkpoint was written with (their SHA-256 differs)"
+    if saved is None:
+        return f"{key} is {now!r} now but not recorded in the checkpoint (written by an older gpzoo)"
+    return f"{key} is {saved!r} in the checkpoint but {now!r} now"
+
+
 def _jsonable(value):
     if isinstance(value, (np.integer, np.floating)):
         return value.item()
@@ -128,17 +137,20 @@ def load_checkpoint(directory, state_template=None, expect: dict | None = None):
             steps["history.npz"] = f[STEP_KEY] if STEP_KEY in f.files else None
     except FileNotFoundError as exc:
         raise CheckpointError(f"checkpoint in {str(directory)!r} is incomplete: {Path(exc.filename).name} missing") from None
-    except (ValueError, OSError, zipfile.BadZipFile, json.JSONDecodeError, KeyError) as exc:
-        raise CheckpointError(f"checkpoint in {str(directory)!r} is corrupt: {exc}") from None
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, json.JSONDecodeError, KeyError) as exc:
+        raise CheckpointError(f"checkpoint in {str(directory)!r} is corrupt: {type(exc).__name__}: {exc or 'empty file'}") from None
+    if not isinstance(config, dict) or not isinstance(config.get("step"), int):
+        raise CheckpointError(f"checkpoint in {str(directory)!r} is corrupt: config.json holds no integer 'step'")
     mixed = {name: int(step) for name, step in steps.items() if step is not None and int(step) != config.get("step")}
     if mixed:  # files from different writes: an earlier write was cut short
         raise CheckpointError(f"checkpoint in {str(directory)!r} is inconsistent: config.json is at step "
                               f"{config.get('step')} but {mixed} (a write was interrupted)")
     if expect:
         config.setdefault("method", "svi")
-        saved = {k: config.get(k) for k in expect}
-        if saved != dict(expect):
-            raise CheckpointError(f"checkpoint in {str(directory)!r} was written for {saved}, not {dict(expect)}")
+        differences = [_difference(k, config.get(k), v) for k, v in expect.items() if config.get(k) != v]
+        if differences:
+            raise CheckpointError(f"checkpoint in {str(directory)!r} does not match this run: " + "; ".join(differences)
+                                  + ". Resume with the same data and settings, or start a new run in another checkpoint_dir")
     state = None
     if state_template is not None:
         template_leaves, treedef = jax.tree_util.tree_flatten(state_template)

@@ -8,12 +8,14 @@ exactly the batches of the uninterrupted one.
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from gpzoo.inference.linalg import float_dtype
 from gpzoo.models.errors import ShapeError, as_float_array
 
-__all__ = ["BatchSchedule", "check_new_inputs", "num_latent_functions", "row_slices", "validate_data"]
+__all__ = ["BatchSchedule", "check_new_inputs", "data_fingerprint", "num_latent_functions", "row_slices", "validate_data"]
 
 
 def validate_data(spec, X, y):
@@ -33,12 +35,27 @@ def validate_data(spec, X, y):
 def check_new_inputs(res, X, argument: str = "X_new") -> np.ndarray:
     """Eager checks of inputs ``X`` ``[N, D]`` for the fitted model ``res`` (same width D, kernel's own checks)."""
     X = as_float_array(X, argument, ndim=2)
+    if X.shape[0] == 0:
+        raise ShapeError(argument, f"is empty (shape {X.shape}); pass at least one row")
     if X.shape[1] != res.X_train.shape[1]:
         raise ShapeError(argument, f"has {X.shape[1]} columns; the model was fitted on {res.X_train.shape[1]}")
     check = getattr(res.spec.kernel, "validate_inputs", None)
     if check is not None:
         check(X)
     return X.astype(float_dtype())
+
+
+def data_fingerprint(X, y) -> str:
+    """SHA-256 (hex) of the training data: shapes, dtypes and bytes of X and y.
+
+    A checkpoint records it, and resuming on other data (even of the same shape) is refused.
+    """
+    digest = hashlib.sha256()
+    for array in (X, y):
+        array = np.ascontiguousarray(array)
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(array.data)
+    return digest.hexdigest()
 
 
 def num_latent_functions(spec) -> int:

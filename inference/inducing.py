@@ -23,7 +23,7 @@ import numpy as np
 from multipledispatch import Dispatcher
 from numpyro.distributions import Distribution, constraints
 
-from gpzoo.models.errors import InvalidArgumentError, ShapeError
+from gpzoo.models.errors import InvalidArgumentError, ShapeError, as_float_array
 from gpzoo.models.kernels import Kernel, Sum
 from gpzoo.models.kernels.convolutional import ConvolutionalKernel
 from gpzoo.models.kernels.invariant import InvariantKernel
@@ -39,6 +39,8 @@ __all__ = [
     "Kuf",
     "Kuu",
     "SeparateInducing",
+    "check_inducing",
+    "inducing_for",
     "initialise_inducing",
     "register_initialiser",
 ]
@@ -372,3 +374,38 @@ def _init_patch_locations(kernel, X, num_inducing, key, method):
     rng = np.random.default_rng(int(jax.random.randint(key, (), 0, 2**31 - 1)))
     Z, Z_loc = initial_patches_with_locations(kernel, X, num_inducing, rng)
     return InducingPatchesWithLocations(jnp.asarray(Z, dtype=X.dtype), jnp.asarray(Z_loc, dtype=X.dtype))
+
+
+# ----------------------------------------------------------------------------- user-given inducing variables
+def check_inducing(inducing, kernel: Kernel, X) -> None:
+    """Eager checks of user-given inducing variables against ``kernel`` and the inputs ``X`` ``[N, D]``:
+    their type, one set per summand for separate sets, and the width of ``Z`` (D for points, the
+    kernel's patch size E for patches); typed errors naming ``inducing``."""
+    if not isinstance(inducing, InducingVariables):
+        raise InvalidArgumentError("inducing", f"expected inducing variables (e.g. InducingPoints(Z)), got {type(inducing).__name__}")
+    if isinstance(inducing, SeparateInducing):
+        if not isinstance(kernel, Sum):
+            raise InvalidArgumentError("inducing", f"separate inducing sets need a sum kernel, got {type(kernel).__name__}")
+        _check_parts(inducing, kernel)
+        for part, summand in zip(inducing.parts, kernel.kernels):
+            check_inducing(part, summand, X)
+        return
+    patches = isinstance(inducing, (InducingPatches, InducingPatchesWithLocations))
+    if patches and not isinstance(kernel, ConvolutionalKernel):
+        raise InvalidArgumentError("inducing", f"inducing patches need a convolutional kernel, got {type(kernel).__name__}")
+    Z = inducing.Z.value if isinstance(inducing.Z, Fixed) else inducing.Z
+    if isinstance(Z, Distribution):
+        return
+    Z = as_float_array(Z, "inducing", ndim=2)  # [M, width]
+    width, what = (kernel.patch_dim, f"patches of {kernel.patch_dim} values") if patches else (np.shape(X)[1], f"{np.shape(X)[1]} input columns")
+    if Z.shape[0] < 1 or Z.shape[1] != width:
+        raise ShapeError("inducing", f"inducing inputs Z have shape {Z.shape}; the kernel's inputs are {what}, so Z must be [M >= 1, {width}]")
+
+
+def inducing_for(spec, X, key, given=None) -> InducingVariables:
+    """The inducing variables a fit starts from: ``given`` (checked by :func:`check_inducing`) or the
+    spec's own kind, number and initialisation on the training inputs ``X`` ``[N, D]``."""
+    if given is not None:
+        check_inducing(given, spec.kernel, X)
+        return given
+    return initialise_inducing(spec.inducing, spec.kernel, X, spec.num_inducing, key, spec.inducing_init)

@@ -70,7 +70,7 @@ from gpzoo.inference.data import BatchSchedule, validate_data
 from gpzoo.inference.linalg import float_dtype
 from gpzoo.inference.results import FitResult
 from gpzoo.inference.runner import ChunkProgram, FitSettings
-from gpzoo.inference.inducing import InducingPoints, Kuf, initialise_inducing
+from gpzoo.inference.inducing import InducingPoints, Kuf, inducing_for
 from gpzoo.inference.polya_gamma import pg1_mean, optimal_c, pg_logistic_bound
 from gpzoo.inference.svgp import SVGP, has_prior
 from gpzoo.models.errors import InvalidArgumentError
@@ -394,8 +394,7 @@ def fit_pg_natgrad(
                                    "step_size=1 and fixed hyperparameters (learn_hyperparameters=False)")
 
     key_inducing, _ = jax.random.split(jax.random.PRNGKey(seed))
-    if inducing is None:
-        inducing = initialise_inducing(spec.inducing, spec.kernel, X, spec.num_inducing, key_inducing, spec.inducing_init)
+    inducing = inducing_for(spec, X, key_inducing, inducing)
     if not isinstance(inducing, InducingPoints):
         raise InvalidArgumentError("inducing", f"the Pólya–Gamma path supports InducingPoints, got {type(inducing).__name__}")
     family = family_class(spec, inducing, num_latent=1)
@@ -454,7 +453,6 @@ def fit_pg_natgrad(
             q_mu, q_sqrt, bound = natural_update(features, yb, state["q_mu"], state["q_sqrt"], scale=scale, rho=rho, whiten=whiten)
             return {**state, "q_mu": q_mu, "q_sqrt": q_sqrt}, bound
 
-    jitter_at = jax.jit(family.jitter_used)
     batches = BatchSchedule(N, B, seed)
     dtype = np.dtype(float_dtype())
     diagnostics = {"jitter": float(spec.jitter), "jitter_events": [], "dtype": str(dtype),
@@ -463,19 +461,14 @@ def fit_pg_natgrad(
                    "trained_hyperparameters": sorted(trainable),
                    "hyper_learning_rate": None if callable(learning_rate) else float(learning_rate)}
 
-    def record_jitter(at_step, state):
-        jitter = float(jitter_at(constrained(state)))
-        if jitter > spec.jitter * 1.0001:
-            diagnostics["jitter_events"].append({"step": at_step, "jitter": jitter})
-
     program = ChunkProgram(
         label=f"fit {spec.name} (PG natural gradient)", objective="Pólya–Gamma bound", update=update, constants=constants,
         step_inputs=lambda step: (batches(step), np.asarray(rho_at(step), dtype)), rate_at=lambda step: float(rho_at(step)),
         params_of=constrained,
-        config={"model": spec.name, "method": METHOD if acceleration is None else f"{METHOD}+{acceleration}",
-                "num_data": N, "batch_size": B, "seed": seed,
+        config={**settings.resume_config(spec.name, METHOD if acceleration is None else f"{METHOD}+{acceleration}", X, y, B),
                 "trained_hyperparameters": sorted(trainable)},
-        hint="Try a smaller step_size or learning_rate, or a larger jitter.", after_chunk=record_jitter,
+        hint="Try a smaller step_size or learning_rate, or a larger jitter.",
+        jitter_of=lambda state: family.jitter_used(constrained(state)), jitter=float(spec.jitter),
     )
     state, history, rhos_seen = settings.run(program, state, diagnostics)
     params = {n: np.asarray(v) for n, v in constrained(state).items()}

@@ -9,6 +9,7 @@ A fitter describes one step as a :class:`ChunkProgram` and hands it to :func:`ru
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,9 +21,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from gpzoo.inference.checkpoint import load_checkpoint, save_checkpoint
-from gpzoo.models.errors import InvalidArgumentError, TrainingError
+from gpzoo.inference.data import data_fingerprint
+from gpzoo.models.errors import CheckpointError, InvalidArgumentError, TrainingError, check_flag, check_integer, check_real, check_seed
 
-__all__ = ["RESUME_KEYS", "ChunkProgram", "FitSettings", "run_chunks"]
+__all__ = ["RESUME_KEYS", "SCHEDULE_PROBE_STEPS", "ChunkProgram", "FitSettings", "run_chunks"]
+
+#: Steps at which a learning-rate schedule is evaluated to tell two schedules apart on resume.
+SCHEDULE_PROBE_STEPS = (0, 1, 10, 100, 1000, 10000, 100000)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +51,28 @@ class FitSettings:
     progress: bool = True
     chunk_size: int = 25
 
+    def __post_init__(self):
+        """Eager checks of every setting (typed errors naming it, before any tracing)."""
+        check_integer(self.steps, "steps", minimum=0)
+        if self.batch_size is not None:
+            check_integer(self.batch_size, "batch_size", minimum=1)
+        check_seed(self.seed)
+        if not callable(self.learning_rate):
+            check_real(self.learning_rate, "learning_rate", positive=True)
+        if self.optimizer is not None and not (callable(getattr(self.optimizer, "init", None))
+                                               and callable(getattr(self.optimizer, "update", None))):
+            raise InvalidArgumentError("optimizer", f"expected an optax.GradientTransformation (e.g. optax.adam(1e-2)) or None "
+                                                    f"(Adam with learning_rate), got {self.optimizer!r}")
+        if self.checkpoint_dir is not None and not isinstance(self.checkpoint_dir, (str, os.PathLike)):
+            raise InvalidArgumentError("checkpoint_dir", f"expected a path, got {self.checkpoint_dir!r}")
+        if self.checkpoint_every is not None:
+            check_integer(self.checkpoint_every, "checkpoint_every", minimum=1)
+        check_flag(self.resume, "resume")
+        check_flag(self.progress, "progress")
+        check_integer(self.chunk_size, "chunk_size", minimum=1)
+        if self.resume and self.checkpoint_dir is None:
+            raise InvalidArgumentError("resume", "resume=True needs checkpoint_dir")
+
     @classmethod
     def from_keywords(cls, run: dict) -> "FitSettings":
         """Settings from ``fit``-style keyword arguments; an unknown one is an ``InvalidArgumentError`` naming it."""
@@ -56,15 +83,34 @@ class FitSettings:
         return cls(**run)
 
     def batch_size_for(self, num_data: int) -> int:
-        """Eager checks of the settings for ``num_data`` training points; returns the batch size B."""
-        if not isinstance(self.steps, (int, np.integer)) or self.steps < 0:
-            raise InvalidArgumentError("steps", f"must be a non-negative integer, got {self.steps!r}")
-        B = num_data if self.batch_size is None else self.batch_size
-        if not isinstance(B, (int, np.integer)) or not 1 <= B <= num_data:
+        """Eager checks of the settings for ``num_data`` training points; returns the batch size B.
+
+        ``resume=True`` needs ``checkpoint_dir`` to exist (a mistyped path is a ``CheckpointError``,
+        not a fresh start); an existing empty directory starts a fresh run.
+        """
+        B = num_data if self.batch_size is None else int(self.batch_size)
+        if not 1 <= B <= num_data:
             raise InvalidArgumentError("batch_size", f"must be an integer in [1, {num_data}], got {self.batch_size!r}")
-        if self.resume and self.checkpoint_dir is None:
-            raise InvalidArgumentError("resume", "resume=True needs checkpoint_dir")
-        return int(B)
+        if self.resume and not Path(self.checkpoint_dir).is_dir():
+            raise CheckpointError(f"checkpoint_dir {str(self.checkpoint_dir)!r} does not exist, so there is nothing to resume "
+                                  "(resume=True); check the path, or pass resume=False to start a new run")
+        return B
+
+    def resume_config(self, model: str, method: str, X, y, batch_size: int) -> dict:
+        """The :data:`RESUME_KEYS` of a run of ``model`` by ``method`` on (X, y) with these settings.
+
+        A checkpoint records them and a resumed run must agree on every one: the data fingerprint
+        (:func:`~gpzoo.inference.data.data_fingerprint`, computed only when checkpointing), the
+        seed, the learning rate (a schedule by its values at :data:`SCHEDULE_PROBE_STEPS`) and
+        whether the optimiser is the default Adam (a custom optax transformation cannot be
+        compared; its state shapes are).
+        """
+        rate = self.learning_rate
+        rate = ([float(rate(s)) for s in SCHEDULE_PROBE_STEPS] if callable(rate) else float(rate))
+        return {"model": model, "method": method, "num_data": int(np.shape(X)[0]), "batch_size": int(batch_size),
+                "seed": int(self.seed), "learning_rate": rate, "optimizer": "adam" if self.optimizer is None else "custom",
+                "dtype": str(np.asarray(X).dtype),
+                "data_fingerprint": None if self.checkpoint_dir is None else data_fingerprint(X, y)}
 
     def run(self, program: "ChunkProgram", state, diagnostics: dict):
         """:func:`run_chunks` of ``program`` from ``state`` with these settings; records ``seconds`` and
@@ -88,9 +134,13 @@ class ChunkProgram:
     maximised at the *incoming* state (ELBO, PG bound), so the objective of step t belongs to the
     parameters after t updates. ``rate_at(step)`` is what ``step_size_history``
     records; ``params_of(state)`` the constrained parameters a checkpoint stores; ``config`` names
-    the run (``model``, ``method``, ``num_data``, ``batch_size``, ``seed``; the first four must
-    match to resume). ``after_chunk(step, state)`` runs after every completed chunk (e.g. to
-    record jitter increases in the diagnostics).
+    the run (:meth:`FitSettings.resume_config`; its :data:`RESUME_KEYS` must match to resume).
+    ``jitter_of(state)`` (traceable) is the jitter the model's Cholesky factorisations need at
+    ``state``; it is evaluated after every step inside the compiled chunk, and each step at which
+    it rises above ``jitter`` (the spec's) or changes while above it is recorded in the
+    diagnostics' ``jitter_events`` (``{"step", "jitter"}``; ``max_jitter`` is the largest,
+    ``last_jitter`` the one the last state needs).
+    ``after_chunk(step, state)`` runs after every completed chunk.
     """
 
     label: str
@@ -103,10 +153,22 @@ class ChunkProgram:
     constants: Any = None
     hint: str = ""
     after_chunk: Callable[[int, Any], None] | None = None
+    jitter_of: Callable[[Any], jax.Array] | None = None
+    jitter: float = 0.0
+
+    def record_jitter(self, steps, jitters, diagnostics: dict) -> None:
+        """Append to ``diagnostics["jitter_events"]`` the steps (state after that many updates) whose
+        jitter ``jitters`` ``[K]`` is above the spec's and differs from the level last recorded."""
+        for step, jitter in zip(steps, np.asarray(jitters, dtype=float).tolist()):
+            if jitter > self.jitter * 1.0001 and jitter != diagnostics.get("last_jitter"):
+                diagnostics["jitter_events"].append({"step": int(step), "jitter": jitter})
+                diagnostics["max_jitter"] = max(diagnostics.get("max_jitter", self.jitter), jitter)
+            diagnostics["last_jitter"] = jitter
 
 
-#: ``config`` keys that must agree between a checkpoint and the run that resumes from it.
-RESUME_KEYS = ("model", "method", "num_data", "batch_size")
+#: ``config`` keys that must agree between a checkpoint and the run that resumes from it
+#: (:meth:`FitSettings.resume_config`).
+RESUME_KEYS = ("model", "method", "num_data", "batch_size", "seed", "learning_rate", "optimizer", "dtype", "data_fingerprint")
 
 
 def _finite(tree) -> jax.Array:
@@ -137,21 +199,29 @@ def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, che
         raise InvalidArgumentError("checkpoint_every", f"must be a positive integer, got {checkpoint_every!r}")
     name = program.config.get("model")
     start, objective_hist, rate_hist = 0, [], []
-    if resume and (Path(checkpoint_dir) / "config.json").exists():
+    diagnostics.setdefault("jitter_events", [])
+    jitter_of = program.jitter_of or (lambda state: jnp.asarray(program.jitter))
+    if resume and any(Path(checkpoint_dir).iterdir()):
         config, _, state, history = load_checkpoint(checkpoint_dir, state_template=state,
                                                      expect={k: program.config.get(k) for k in RESUME_KEYS})
         start = int(config["step"])
+        if start > steps:
+            raise CheckpointError(f"steps: the checkpoint in {str(checkpoint_dir)!r} already holds {start} steps, more than "
+                                  f"steps={steps}; pass steps >= {start} to continue it, or start a new run")
         objective_hist, rate_hist = list(history["objective"]), list(history["step_size"])
         diagnostics["jitter_events"] = list(config.get("jitter_events", []))
-    elif program.after_chunk is not None:
-        program.after_chunk(start, state)
+        diagnostics.update({k: config[k] for k in ("max_jitter", "last_jitter") if k in config})
+    else:
+        program.record_jitter([start], [jax.jit(jitter_of)(state)], diagnostics)
+        if program.after_chunk is not None:
+            program.after_chunk(start, state)
 
     def run_chunk(state, inputs, active, constants):  # inputs: [K, ...] per step, active [K]: padded steps are no-ops
         def body(state, step):
             step_inputs, on = step
             new_state, objective = program.update(state, step_inputs, constants)
             new_state = jax.tree_util.tree_map(lambda a, b: jnp.where(on, a, b), new_state, state)
-            return new_state, (objective, _finite(new_state))
+            return new_state, (objective, _finite(new_state), jitter_of(new_state))
 
         return jax.lax.scan(body, state, (inputs, active))
 
@@ -167,7 +237,8 @@ def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, che
         save_checkpoint(
             checkpoint_dir, params=program.params_of(state), state=state,
             history={"objective": np.asarray(objective_hist[:step]), "step_size": np.asarray(rate_hist[:step])},
-            config={**program.config, "step": step, "jitter_events": diagnostics["jitter_events"]},
+            config={**program.config, "step": step, "jitter_events": diagnostics["jitter_events"],
+                    **{k: diagnostics[k] for k in ("max_jitter", "last_jitter") if k in diagnostics}},
         )
 
     # (steps done, state after them), assigned in one statement so that an interrupt sees a consistent pair;
@@ -179,8 +250,11 @@ def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, che
         while committed[0] < steps:
             step, state = committed
             k = min(chunk, steps - step, checkpoint_every - step % checkpoint_every)
-            new_state, (objective, finite) = run_chunk(state, *chunk_inputs(step, k))
+            new_state, (objective, finite, jitters) = run_chunk(state, *chunk_inputs(step, k))
             objective, finite = np.asarray(objective)[:k], np.asarray(finite)[:k]
+            # jitters[j] belongs to the state after step+j+1 updates; a non-finite state is the NaN guard's
+            program.record_jitter(range(step + 1, step + k + 1), np.where(finite, np.asarray(jitters)[:k], program.jitter),
+                                  diagnostics)
             if not (np.all(np.isfinite(objective)) and np.all(finite)):
                 # objective[j] is that of the state after step+j updates, finite[j] is about the one after step+j+1
                 bad_objective = [step + int(j) for j in np.flatnonzero(~np.isfinite(objective))[:1]]

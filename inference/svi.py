@@ -17,7 +17,7 @@ from numpyro.optim import optax_to_numpyro
 
 from gpzoo.inference.elbo import FastELBO
 from gpzoo.inference.data import BatchSchedule, num_latent_functions, validate_data
-from gpzoo.inference.inducing import initialise_inducing
+from gpzoo.inference.inducing import inducing_for
 from gpzoo.inference.linalg import float_dtype
 from gpzoo.inference.results import FitResult
 from gpzoo.inference.runner import ChunkProgram, FitSettings
@@ -39,8 +39,7 @@ def fit_svi(spec, X, y, *, family_class, settings: FitSettings) -> FitResult:
 
     key = jax.random.PRNGKey(seed)
     key_inducing, key_svi = jax.random.split(key)
-    if inducing is None:
-        inducing = initialise_inducing(spec.inducing, spec.kernel, X, spec.num_inducing, key_inducing, spec.inducing_init)
+    inducing = inducing_for(spec, X, key_inducing, inducing)
     num_latent = num_latent_functions(spec)
     family = family_class(spec, inducing, num_latent)
 
@@ -64,19 +63,14 @@ def fit_svi(spec, X, y, *, family_class, settings: FitSettings) -> FitResult:
         return new_state, -loss
 
     get_params = jax.jit(svi.get_params)
-    jitter_at = jax.jit(family.jitter_used)
     diagnostics = {"jitter": float(spec.jitter), "jitter_events": [], "dtype": str(np.dtype(float_dtype())), "seconds": 0.0}
-
-    def record_jitter(step, state):
-        jitter = float(jitter_at(get_params(state)))
-        if jitter > spec.jitter * 1.0001:
-            diagnostics["jitter_events"].append({"step": step, "jitter": jitter})
 
     program = ChunkProgram(
         label=f"fit {spec.name}", objective="ELBO", update=update, step_inputs=batches, constants=(X_j, y_j),
         rate_at=lambda step: float(schedule(step)), params_of=get_params,
-        config={"model": spec.name, "method": "svi", "num_data": N, "batch_size": B, "seed": seed},
-        hint="Try a smaller learning_rate or larger jitter.", after_chunk=record_jitter,
+        config=settings.resume_config(spec.name, "svi", X, y, B),
+        hint="Try a smaller learning_rate or larger jitter.",
+        jitter_of=lambda state: family.jitter_used(svi.get_params(state)), jitter=float(spec.jitter),
     )
     state, objective_hist, rate_hist = settings.run(program, state, diagnostics)
     params = {k: np.asarray(v) for k, v in get_params(state).items()}

@@ -95,6 +95,85 @@ def check_positive(value, argument: str) -> None:
         raise HyperparameterError(argument, f"must be positive and finite, got {arr.tolist()}")
 
 
+def _is_number(value, kinds) -> bool:
+    """True for a 0-d numeric value of ``kinds`` (NumPy dtype kinds), bools and strings excluded."""
+    if isinstance(value, (bool, np.bool_, str, bytes)) or not is_concrete(value):
+        return False
+    try:
+        arr = np.asarray(value)
+    except Exception:  # noqa: BLE001 - anything unconvertible is not a number
+        return False
+    return arr.ndim == 0 and arr.dtype.kind in kinds
+
+
+def check_integer(value, argument: str, minimum: int | None = None) -> int:
+    """``value`` as an ``int`` (an integer type, not a bool, string or float) >= ``minimum``; else
+    ``InvalidArgumentError`` naming ``argument``."""
+    if not _is_number(value, "iu"):
+        raise InvalidArgumentError(argument, f"must be an integer{'' if minimum is None else f' >= {minimum}'}, "
+                                             f"got {value!r} ({type(value).__name__})")
+    number = int(value)
+    if minimum is not None and number < minimum:
+        raise InvalidArgumentError(argument, f"must be an integer >= {minimum}, got {number}")
+    return number
+
+
+def check_real(value, argument: str, *, positive: bool = False) -> float:
+    """``value`` as a finite ``float`` (an int or float, not a bool or string), > 0 with ``positive``;
+    else ``InvalidArgumentError`` naming ``argument``."""
+    expected = "a positive finite number" if positive else "a finite number"
+    if not _is_number(value, "iuf"):
+        raise InvalidArgumentError(argument, f"must be {expected}, got {value!r} ({type(value).__name__})")
+    number = float(value)
+    if not np.isfinite(number) or (positive and number <= 0):
+        raise InvalidArgumentError(argument, f"must be {expected}, got {number!r}")
+    return number
+
+
+#: Largest ``seed`` (PRNG keys and NumPy generators take it as an unsigned 32-bit integer).
+MAX_SEED = 2**32 - 1
+
+
+def check_seed(value, argument: str = "seed") -> int:
+    """``value`` as a random seed: an integer in [0, :data:`MAX_SEED`]; else ``InvalidArgumentError``."""
+    if check_integer(value, argument, minimum=0) > MAX_SEED:
+        raise InvalidArgumentError(argument, f"must be an integer in [0, {MAX_SEED}], got {value}")
+    return int(value)
+
+
+def check_flag(value, argument: str) -> bool:
+    """``value`` as a ``bool`` (True/False, not 0/1 or a string); else ``InvalidArgumentError``."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidArgumentError(argument, f"must be True or False, got {value!r} ({type(value).__name__})")
+    return bool(value)
+
+
+class GPZooWarning(UserWarning):
+    """Base class of every warning gpzoo issues on purpose (e.g. image values outside [0, 1])."""
+
+
+class ImageRangeWarning(GPZooWarning):
+    """Image inputs of a convolutional model have values outside [0, 1]."""
+
+
+#: Slack on the [0, 1] range of image values (float round-off).
+UNIT_RANGE_TOLERANCE = 1e-6
+
+
+def unit_range_problem(arr: np.ndarray, tol: float = UNIT_RANGE_TOLERANCE) -> str | None:
+    """The sentence that says values of the finite array ``arr`` leave [0, 1] by more than ``tol``; None when they do not.
+
+    The one wording of the image-range check: the data set validators raise it, the
+    convolutional kernels warn with it.
+    """
+    if arr.size == 0:
+        return None
+    lo, hi = float(arr.min()), float(arr.max())
+    if lo < -tol or hi > 1 + tol:
+        return f"image values must lie in [0, 1] (tolerance {tol:g}), found range [{lo:g}, {hi:g}]"
+    return None
+
+
 def as_int_pair(value, argument: str, minimum: int, expected: str) -> tuple[int, int]:
     """``value`` as a pair of ints each >= ``minimum``, else ``ShapeError`` saying ``expected``."""
     try:

@@ -16,8 +16,9 @@ from numbers import Number
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
-from gpzoo.models.errors import HyperparameterError
+from gpzoo.models.errors import HyperparameterError, ShapeError
 from gpzoo.models.parameters import Fixed, Parameterised, hyper, pytree_dataclass, static
 
 kernel_class = pytree_dataclass
@@ -73,12 +74,37 @@ class Kernel(Parameterised):
         raise NotImplementedError
 
     def validate_inputs(self, X) -> None:
-        """Raise a typed error if ``X`` cannot be this kernel's input (e.g. wrong image size).
+        """Raise a typed error if ``X`` ``[N, D]`` cannot be this kernel's input (before any tracing).
 
-        Accepts anything by default; structured kernels override it, combinators ask their parts.
+        Checks ``active_dims`` against D (JAX would clamp an index out of range and silently use
+        another column) and per-dimension hyperparameters (ARD lengthscales) against the width
+        the kernel sees; structured kernels add their own checks, combinators ask their parts.
         """
+        width = np.shape(X)[-1]
+        if self.active_dims is not None:
+            bad = [i for i in self.active_dims if not -width <= i < width]
+            if bad:
+                raise ShapeError("active_dims", f"{type(self).__name__}.active_dims {list(self.active_dims)} has "
+                                                f"{bad} outside the {width} input columns (0..{width - 1})")
+            width = len(self.active_dims)
+        self._check_dimension_widths(width)
         for child in self._children():
             child.validate_inputs(X if self.active_dims is None else self._select(X))
+
+    def _check_dimension_widths(self, width: int) -> None:
+        """Per-dimension hyperparameters (``dimension_fields``) hold 1 or ``width`` values."""
+        for name in self.dimension_fields:
+            value = getattr(self, name)
+            value = value.value if isinstance(value, Fixed) else value
+            if not hasattr(value, "shape") and not isinstance(value, (list, tuple)):
+                continue  # a number, or a prior
+            shape = np.shape(value)
+            if len(shape) > 1 or (len(shape) == 1 and shape[0] not in (1, width)):
+                raise HyperparameterError(f"{type(self).__name__}.{name}", f"has shape {shape}; expected one value or one per "
+                                                                          f"input column ({width}) it acts on")
+
+    #: Hyperparameters that may hold one value per input column (ARD); see :meth:`validate_inputs`.
+    dimension_fields = ()
 
     def _children(self) -> tuple["Kernel", ...]:
         """The kernels this one is built from (fields holding a Kernel or a tuple of them)."""

@@ -53,6 +53,8 @@ def safe_sqrt(r2):
 class Stationary(Kernel):
     """Base of kernels that depend on the scaled distance only: σ² κ(r²)."""
 
+    dimension_fields = ("lengthscale",)
+
     def _K(self, X, Y):
         return self.variance * self.profile(scaled_sqdist(X, Y, self.lengthscale))  # [N, M]
 
@@ -144,6 +146,8 @@ class Periodic(Stationary):
     lengthscale: Any = hyper(1.0)
     variance: Any = hyper(1.0)
     period: Any = hyper(1.0)
+
+    dimension_fields = ("lengthscale", "period")
 
     def _K(self, X, Y):
         U = self._circle(X)  # [N, 2D]
