@@ -90,10 +90,17 @@ __all__ = [
     "predict",
     "check_numerics",
     "gram_condition_numbers",
+    "gram_layers",
+    "layer_name",
+    "output_checks",
+    "output_kernel",
+    "skr_noise",
+    "skr_noise_shapes",
+    "wishart_from_noise",
     "train_dkm",
 ]
 
-def _layer_name(index: int) -> str:
+def layer_name(index: int) -> str:
     return f"layer {index + 1}"
 
 
@@ -302,7 +309,7 @@ def gram_layers(params, config: DKMConfig, X, noise=None, *, _init: bool = False
     G = _input_gram(params, config, X)
     history = {-1: G}
     for index, spec in enumerate(config.layers):
-        name = _layer_name(index)
+        name = layer_name(index)
         lp = dict(params["layers"][index])
         K = _layer_prior(lp, spec, config, G)  # ii [P,P], ti [B,*S,P], t [B,*S]
         K_ii, jitter = _jittered(K.ii, config.kernel_jitter)
@@ -531,7 +538,7 @@ def _objective_core(params, X, y, num_data, key, nu, *, config: DKMConfig, train
     f_var = jnp.broadcast_to(out["f_var"][:, None], (out["f_var"].shape[0], C))  # [B, C]
     ell = jnp.sum(config.likelihood.variational_expectation(y, out["f_mean"], f_var, k_lik))
     ell = ell * (num_data / X.shape[0])
-    kl_layers = sum(nu[i] * aux["kl"][_layer_name(i)] for i in range(config.num_layers))
+    kl_layers = sum(nu[i] * aux["kl"][layer_name(i)] for i in range(config.num_layers))
     value = ell - kl_layers - config.output_kl_weight * aux["kl"]["output"]
     aux["ell"] = ell
     return value, aux
@@ -616,7 +623,7 @@ def gram_condition_numbers(params) -> dict[str, float]:
     result = {}
     for i, lp in enumerate(params["layers"]):
         s = np.linalg.svd(np.asarray(chol_factor(lp["V"]), dtype=np.float64), compute_uv=False)
-        result[_layer_name(i)] = float((s[0] / s[-1]) ** 2)
+        result[layer_name(i)] = float((s[0] / s[-1]) ** 2)
     return result
 
 
