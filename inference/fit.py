@@ -39,7 +39,7 @@ from gpzoo.inference.results import ElboEstimate, FitResult, Prediction
 from gpzoo.inference.runner import FitSettings
 from gpzoo.inference.svgp import SVGP
 from gpzoo.inference.svi import fit_svi
-from gpzoo.models.errors import InvalidArgumentError
+from gpzoo.models.errors import InvalidArgumentError, check_integer, check_seed
 from gpzoo.models.zoo import ModelSpec
 
 __all__ = ["METHODS", "ElboEstimate", "FitResult", "Method", "Prediction", "build_family", "evaluate_elbo", "fit", "predict",
@@ -126,6 +126,11 @@ def fit(
 
 
 # ----------------------------------------------------------------------------- prediction
+def _check_result(res) -> None:
+    if not isinstance(res, FitResult):
+        raise InvalidArgumentError("res", f"expected a FitResult (from fit or gpzoo.load), got {type(res).__name__}")
+
+
 def _hyper_draws(res: FitResult, key, num_draws: int):
     """Draws of prior-carrying hyperparameters from their guide (empty dict when none)."""
     guide = res.family.hyper_guide
@@ -144,7 +149,12 @@ def predict(res: FitResult, X_new, *, num_samples: int = 0, seed: int = 0, batch
     point). Models with sampled hyperparameters average over ``num_hyper_samples`` guide draws
     (mixture moments).
     """
+    _check_result(res)
     X_new = check_new_inputs(res, X_new)
+    check_integer(num_samples, "num_samples", minimum=0)
+    check_seed(seed)
+    check_integer(batch_size, "batch_size", minimum=1)
+    check_integer(num_hyper_samples, "num_hyper_samples", minimum=1)
     family = res.family
     key_h, key_s, key_p = jax.random.split(jax.random.PRNGKey(seed), 3)
     hyper = _hyper_draws(res, key_h, num_hyper_samples)
@@ -206,8 +216,16 @@ def evaluate_elbo(res: FitResult, X=None, y=None, *, num_samples: int = 32, seed
     Defaults to the training data (per-datum variational parameters, such as free Pólya–Gamma
     tilts, are used there; on other data their family's default stands in). Terms that are analytic (Gaussian, Gauss–Hermite, the KL)
     contribute no Monte Carlo error; with none stochastic (no Monte Carlo likelihood, no sampled
-    orbits, no sampled hyperparameters) a single draw is used and SE = 0.
+    orbits, no sampled hyperparameters) a single draw is used and SE = 0 (the value is exact). A
+    stochastic estimate from ``num_samples=1`` has no standard error to report: SE is NaN.
+    ``num_samples`` >= 1 and ``batch_size`` >= 1 are checked for every model.
     """
+    _check_result(res)
+    check_integer(num_samples, "num_samples", minimum=1)
+    check_seed(seed)
+    check_integer(batch_size, "batch_size", minimum=1)
+    if (X is None) != (y is None):
+        raise InvalidArgumentError("X" if X is None else "y", "pass X and y together (or neither, for the training data)")
     training = (X is None and y is None) or (
         X is not None and y is not None and np.shape(X) == res.X_train.shape and np.shape(y) == res.y_train.shape
         and np.array_equal(X, res.X_train) and np.array_equal(y, res.y_train))
@@ -219,8 +237,6 @@ def evaluate_elbo(res: FitResult, X=None, y=None, *, num_samples: int = 32, seed
     with_indices = training and getattr(family, "needs_data_indices", False)
     stochastic = family.stochastic_expectation or family.hyper_guide is not None
     S = num_samples if stochastic else 1
-    if S < 1:
-        raise InvalidArgumentError("num_samples", f"must be >= 1, got {num_samples}")
     keys = jax.random.split(jax.random.PRNGKey(seed), S)
 
     hyper = _hyper_draws(res, jax.random.PRNGKey(seed + 1), S)
@@ -242,7 +258,7 @@ def evaluate_elbo(res: FitResult, X=None, y=None, *, num_samples: int = 32, seed
         ell_total += ell / S
         kl_total += float(kl) / S
     draws = np.asarray(draws)
-    stderr = float(draws.std(ddof=1) / math.sqrt(S)) if S > 1 else 0.0
+    stderr = float(draws.std(ddof=1) / math.sqrt(S)) if S > 1 else (math.nan if stochastic else 0.0)
     return ElboEstimate(float(draws.mean()), stderr, ell_total, kl_total, S, draws)
 
 

@@ -95,7 +95,7 @@ def check_positive(value, argument: str) -> None:
         raise HyperparameterError(argument, f"must be positive and finite, got {arr.tolist()}")
 
 
-def _is_number(value, kinds) -> bool:
+def is_number(value, kinds) -> bool:
     """True for a 0-d numeric value of ``kinds`` (NumPy dtype kinds), bools and strings excluded."""
     if isinstance(value, (bool, np.bool_, str, bytes)) or not is_concrete(value):
         return False
@@ -109,7 +109,7 @@ def _is_number(value, kinds) -> bool:
 def check_integer(value, argument: str, minimum: int | None = None) -> int:
     """``value`` as an ``int`` (an integer type, not a bool, string or float) >= ``minimum``; else
     ``InvalidArgumentError`` naming ``argument``."""
-    if not _is_number(value, "iu"):
+    if not is_number(value, "iu"):
         raise InvalidArgumentError(argument, f"must be an integer{'' if minimum is None else f' >= {minimum}'}, "
                                              f"got {value!r} ({type(value).__name__})")
     number = int(value)
@@ -122,7 +122,7 @@ def check_real(value, argument: str, *, positive: bool = False) -> float:
     """``value`` as a finite ``float`` (an int or float, not a bool or string), > 0 with ``positive``;
     else ``InvalidArgumentError`` naming ``argument``."""
     expected = "a positive finite number" if positive else "a finite number"
-    if not _is_number(value, "iuf"):
+    if not is_number(value, "iuf"):
         raise InvalidArgumentError(argument, f"must be {expected}, got {value!r} ({type(value).__name__})")
     number = float(value)
     if not np.isfinite(number) or (positive and number <= 0):

@@ -81,10 +81,11 @@ def parse_option(name: str, key: str, text: str):
 
 
 def get(name: str, **given) -> ModelSpec:
-    """Build the spec of model ``name``; options not used by that model raise an error."""
+    """Build the spec of model ``name``; an option that model does not take, or a value not of the
+    option's declared type, raises ``InvalidArgumentError`` naming the option (before any tracing)."""
     entry = _entry(name)
-    for key in given:
-        _option(name, key)
+    for key, value in given.items():
+        _option(name, key).check(value)
     shared = {k: given.pop(k) for k in list(given) if k in Common.__dataclass_fields__}
     spec = entry.builder(Common(**(entry.common_defaults | shared)), **given)
     return spec.replace(name=name, description=spec.description or entry.description)

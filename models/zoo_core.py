@@ -18,6 +18,7 @@ value of that type.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import inspect
 import math
@@ -29,17 +30,26 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 
-from gpzoo.models.errors import InvalidArgumentError
+from numpyro.distributions import Distribution
+
+from gpzoo.models.errors import GPZooError, InvalidArgumentError, check_integer, is_number
 from gpzoo.models.kernels import Kernel
 from gpzoo.models.kernels.convolutional import image_dims
 from gpzoo.models.likelihoods import Likelihood
+from gpzoo.models.parameters import Fixed
 
-__all__ = ["COMMON_FIELDS", "DATASET_FACTS", "LIKELIHOOD_NAMES", "REGISTRY", "Ard", "Common", "Entry", "Lengthscale", "ModelSpec",
+__all__ = ["COMMON_FIELDS", "DATASET_FACTS", "LIKELIHOOD_NAMES", "REGISTRY", "TASKS", "Ard", "Common", "Entry", "Lengthscale", "ModelSpec",
            "Option", "UnknownModelError", "default_likelihood", "likelihood_from_name", "parse_text", "register", "type_name"]
 
 
-class UnknownModelError(KeyError):
+#: The tasks a zoo model can serve (``Common.task``).
+TASKS = ("regression", "binary", "multiclass")
+
+
+class UnknownModelError(GPZooError, KeyError):
     """Raised for a model name that is not in the zoo; the message lists the valid names."""
+
+    argument = "name"
 
     def __str__(self):
         return str(self.args[0])
@@ -94,6 +104,19 @@ class Common:
     q_structure: Annotated[Literal["full", "block", "diag"], "covariance of q(u): full, block-diagonal or mean-field"] = "full"
     inducing_init: Annotated[str, "initial inducing inputs: 'random', 'kmeans' (or 'uniform' for patches)"] = "random"
 
+    def __post_init__(self):
+        """Eager checks of the shared options (typed errors naming the option, before any tracing)."""
+        if self.input_dim is not None:
+            check_integer(self.input_dim, "input_dim", minimum=1)
+        if self.task not in TASKS:
+            raise InvalidArgumentError("task", f"unknown task {self.task!r}; use one of {', '.join(map(repr, TASKS))}")
+        if self.num_classes is not None:
+            check_integer(self.num_classes, "num_classes", minimum=2)
+        check_integer(self.num_inducing, "num_inducing", minimum=1)
+        for name, tp in typing.get_type_hints(Common, include_extras=True).items():
+            if not _matches(tp, getattr(self, name)):
+                raise InvalidArgumentError(name, f"expected {type_name(tp)}, got {getattr(self, name)!r}")
+
     def resolved_likelihood(self) -> Likelihood:
         """The given likelihood, else the task's default (:func:`default_likelihood`)."""
         return self.likelihood or default_likelihood(self.task, self.num_classes)
@@ -134,8 +157,11 @@ class Common:
         if lengthscale is None:
             num_values = self.input_dim or math.prod(image_shape or ())
             lengthscale = max(1.0, math.sqrt(num_values) / 2.0) if image_shape else 1.0
-        elif isinstance(lengthscale, (tuple, list)):
+        elif isinstance(lengthscale, (tuple, list, np.ndarray)):
             lengthscale = np.asarray(lengthscale, dtype=float)
+            if self.input_dim and lengthscale.size not in (1, self.input_dim):
+                raise InvalidArgumentError("lengthscale", f"has {lengthscale.size} values; expected one, or one per input "
+                                                          f"dimension ({self.input_dim})")
         if not ard:
             return lengthscale
         if not self.input_dim:
@@ -170,6 +196,11 @@ class Option:
     def parse(self, text: str):
         """The value ``text`` (command-line form) stands for; ``InvalidArgumentError`` naming the option."""
         return parse_text(self.type, text, self.name)
+
+    def check(self, value) -> None:
+        """``InvalidArgumentError`` naming the option unless ``value`` is of its declared type (:func:`_matches`)."""
+        if not _matches(self.type, value):
+            raise InvalidArgumentError(self.name, f"expected {self.type_name}, got {value!r} ({type(value).__name__})")
 
 
 def _split_annotated(annotation) -> tuple[Any, str]:
@@ -302,6 +333,44 @@ def _from_text(tp, text: str):
         item_types = args[:1] * len(items) if variadic else args
         return origin(_from_text(t, item) for t, item in zip(item_types, items))
     raise _NotText()
+
+
+def _matches(tp, value) -> bool:
+    """True when ``value`` is of the declared option type ``tp``.
+
+    Numbers: an ``int`` option takes an integer (not a bool), a ``float`` option a finite int or
+    float, or a hyperparameter prior or ``Fixed`` value; tuples and lists take sequences or 1-D
+    arrays of matching items; class annotations use ``isinstance``; a type this cannot check
+    (``Any``, a protocol) accepts anything and leaves the checks to the builder.
+    """
+    tp, _ = _split_annotated(tp)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if _is_union(tp):
+        return any(_matches(arg, value) for arg in args)
+    if tp is type(None):
+        return value is None
+    if origin is Literal:
+        return any(type(value) is type(choice) and value == choice for choice in args)
+    if tp is bool:
+        return isinstance(value, (bool, np.bool_))
+    if tp is int:
+        return is_number(value, "iu")
+    if tp is float:
+        return (is_number(value, "iuf") and bool(np.isfinite(float(value)))) or isinstance(value, (Distribution, Fixed))
+    if tp is str:
+        return isinstance(value, str)
+    if origin in (tuple, list):
+        if isinstance(value, (str, bytes)) or not (isinstance(value, (tuple, list)) or np.ndim(value) == 1):
+            return False
+        items = list(value)
+        if len(args) == 2 and args[1] is Ellipsis or origin is list:
+            return len(items) > 0 and all(_matches(args[0] if args else Any, item) for item in items)
+        return len(items) == len(args) and all(_matches(t, item) for t, item in zip(args, items))
+    if origin is collections.abc.Callable or tp is collections.abc.Callable:
+        return callable(value)
+    if isinstance(tp, type) and tp is not Any:
+        return isinstance(value, tp)
+    return True
 
 
 def parse_text(tp, text: str, argument: str):
