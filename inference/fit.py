@@ -7,7 +7,9 @@ family (the class holding the NumPyro model and guide) and the fitter that train
 * ``"invariant-svgp"`` — :class:`~gpzoo.inference.invariant.InvariantSVGP` (sampled-orbit
   estimators, van der Wilk et al. 2018, eq. 16–21) trained by SVI;
 * ``"svgp-logistic-pg"`` — the plain SVGP trained by Pólya–Gamma natural gradients
-  (:func:`~gpzoo.inference.pg_natgrad.fit_pg_natgrad`).
+  (:func:`~gpzoo.inference.pg_natgrad.fit_pg_natgrad`);
+* ``"deep-svgp"`` — :class:`~gpzoo.inference.deep_conv.DeepConvSVGP`, a deep convolutional GP
+  (Dutordoir et al. 2020, §4) trained by SVI.
 
 :func:`register_method` adds one. Prediction and ELBO evaluation need only the family, so they are
 the same for every method. Every fitter validates its data eagerly (typed errors naming the
@@ -31,6 +33,7 @@ import optax
 import threadpoolctl
 
 from gpzoo.inference.data import check_new_inputs, row_slices, validate_data
+from gpzoo.inference.deep_conv import DeepConvSVGP
 from gpzoo.inference.inducing import InducingVariables
 from gpzoo.inference.invariant import InvariantSVGP
 from gpzoo.inference.linalg import float_dtype
@@ -65,6 +68,7 @@ METHODS: dict[str, Method] = {
     "svgp": Method(SVGP, fit_svi),
     "invariant-svgp": Method(InvariantSVGP, fit_svi),
     "svgp-logistic-pg": Method(SVGP, fit_pg_natgrad),
+    "deep-svgp": Method(DeepConvSVGP, fit_svi),
 }
 
 
@@ -178,11 +182,7 @@ def predict(res: FitResult, X_new, *, num_samples: int = 0, seed: int = 0, batch
 def _moments(family, params, Xc, key):
     """q(f*) moments ``[n, L]``, y* moments and class probabilities at inputs ``Xc`` ``[n, D]``."""
     with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=key):
-        parts = family.parts()
-        mean, var = family.latent_moments(parts, Xc)
-        y_mean, y_var = parts.likelihood.predict_mean_and_var(mean, var)
-        probs = parts.likelihood.predict_probs(mean, var, key=key) if parts.likelihood.task in ("binary", "multiclass") else None
-    return mean, var, y_mean, y_var, probs
+        return family.predictive_moments(family.parts(), Xc, key)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -204,7 +204,7 @@ def _ell_and_kl(family, params, Xc, yc, key, rows, num_data):
         lik_key = key if parts.likelihood.stochastic_expectation else None
         inputs = family.data_term_inputs(Xc, yc) if num_data is None else family.data_term_inputs(Xc, yc, rows, num_data)
         ell = jnp.sum(family.expected_log_lik(parts, Xc, yc, lik_key, **inputs))
-        kl = numpyro.distributions.kl.kl_divergence(family.posterior(parts), family.prior(parts))
+        kl = family.kl(parts)
     return ell, kl
 
 

@@ -111,6 +111,18 @@ class SVGP:
         Kff_diag = parts.kernel.K_diag(X)  # [N]
         return conditional(Kmn, parts.Luu, Kff_diag, parts.q_mu, parts.q_sqrt, self.spec.q_structure, self.spec.whiten)
 
+    def predictive_moments(self, parts: Parts, X, key):
+        """q(f*) moments ``[N, L]``, y* moments and class probabilities (None unless classifying) at inputs X."""
+        mean, var = self.latent_moments(parts, X)
+        y_mean, y_var = parts.likelihood.predict_mean_and_var(mean, var)
+        classify = parts.likelihood.task in ("binary", "multiclass")
+        probs = parts.likelihood.predict_probs(mean, var, key=key) if classify else None
+        return mean, var, y_mean, y_var, probs
+
+    def kl(self, parts: Parts):
+        """KL[q(u) || p(u)] of every inducing site of the model (analytic; ``parts`` carries q(u))."""
+        return kl_divergence(self.posterior(parts), self.prior(parts))
+
     @property
     def stochastic_expectation(self) -> bool:
         """Whether :meth:`expected_log_lik` is a Monte Carlo estimate (so the ELBO has an SE)."""
