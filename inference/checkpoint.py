@@ -30,7 +30,7 @@ import numpy as np
 
 from gpzoo.models.errors import CheckpointError
 
-__all__ = ["load_checkpoint", "save_checkpoint"]
+__all__ = ["check_config", "load_checkpoint", "read_config", "save_checkpoint"]
 
 #: Key under which every ``.npz`` of a checkpoint stores its step (checked against ``config.json``).
 STEP_KEY = "checkpoint_step"
@@ -96,6 +96,30 @@ def save_checkpoint(directory, *, params: dict, state, history: dict, config: di
     return directory
 
 
+def read_config(directory) -> dict:
+    """``config.json`` of the checkpoint in ``directory``; ``CheckpointError`` when missing or corrupt."""
+    path = Path(directory) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint in {str(directory)!r} is incomplete: config.json missing") from None
+    except (ValueError, OSError) as exc:
+        raise CheckpointError(f"checkpoint in {str(directory)!r} is corrupt: {type(exc).__name__}: {exc or 'empty file'}") from None
+    if not isinstance(config, dict) or not isinstance(config.get("step"), int):
+        raise CheckpointError(f"checkpoint in {str(directory)!r} is corrupt: config.json holds no integer 'step'")
+    return config
+
+
+def check_config(directory, config: dict, expect: dict) -> None:
+    """``CheckpointError`` naming every ``expect`` entry that the checkpoint's ``config`` does not match
+    (a missing ``method`` reads as ``"svi"``, the only method of older checkpoints)."""
+    config = {"method": "svi", **config}
+    differences = [_difference(k, config.get(k), v) for k, v in expect.items() if config.get(k) != v]
+    if differences:
+        raise CheckpointError(f"checkpoint in {str(directory)!r} does not match this run: " + "; ".join(differences)
+                              + ". Resume with the same data and settings, or start a new run in another checkpoint_dir")
+
+
 def _difference(key: str, saved, now) -> str:
     """One clause of a resume mismatch: what ``key`` was in the checkpoint and what it is now."""
     if key == "data_fingerprint":
@@ -117,15 +141,15 @@ def load_checkpoint(directory, state_template=None, expect: dict | None = None):
     """Read a checkpoint; returns ``(config, params, state, history)``.
 
     ``expect`` holds ``config.json`` entries the caller requires (e.g. the model name and data
-    size; a missing ``method`` reads as ``"svi"``, the only method of older checkpoints);
+    size; :func:`check_config`);
     ``state_template`` (a freshly initialised optimiser state of the same model) gives the tree
     structure, and its leaf shapes must match the saved ones. Either mismatch raises
     ``CheckpointError``.
     """
     directory = Path(directory)
     steps = {}
+    config = read_config(directory)
     try:
-        config = json.loads((directory / "config.json").read_text())
         with np.load(directory / "params.npz", allow_pickle=False) as f:
             params = {k: f[k] for k in f.files if k != STEP_KEY}
             steps["params.npz"] = f[STEP_KEY] if STEP_KEY in f.files else None
@@ -137,20 +161,14 @@ def load_checkpoint(directory, state_template=None, expect: dict | None = None):
             steps["history.npz"] = f[STEP_KEY] if STEP_KEY in f.files else None
     except FileNotFoundError as exc:
         raise CheckpointError(f"checkpoint in {str(directory)!r} is incomplete: {Path(exc.filename).name} missing") from None
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile, json.JSONDecodeError, KeyError) as exc:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
         raise CheckpointError(f"checkpoint in {str(directory)!r} is corrupt: {type(exc).__name__}: {exc or 'empty file'}") from None
-    if not isinstance(config, dict) or not isinstance(config.get("step"), int):
-        raise CheckpointError(f"checkpoint in {str(directory)!r} is corrupt: config.json holds no integer 'step'")
     mixed = {name: int(step) for name, step in steps.items() if step is not None and int(step) != config.get("step")}
     if mixed:  # files from different writes: an earlier write was cut short
         raise CheckpointError(f"checkpoint in {str(directory)!r} is inconsistent: config.json is at step "
                               f"{config.get('step')} but {mixed} (a write was interrupted)")
     if expect:
-        config.setdefault("method", "svi")
-        differences = [_difference(k, config.get(k), v) for k, v in expect.items() if config.get(k) != v]
-        if differences:
-            raise CheckpointError(f"checkpoint in {str(directory)!r} does not match this run: " + "; ".join(differences)
-                                  + ". Resume with the same data and settings, or start a new run in another checkpoint_dir")
+        check_config(directory, config, expect)
     state = None
     if state_template is not None:
         template_leaves, treedef = jax.tree_util.tree_flatten(state_template)

@@ -393,6 +393,8 @@ def fit_pg_natgrad(
         raise InvalidArgumentError("acceleration", "Anderson-accelerated CAVI needs all data per step (batch_size=None), "
                                    "step_size=1 and fixed hyperparameters (learn_hyperparameters=False)")
 
+    config = settings.resume_config(spec.name, METHOD if acceleration is None else f"{METHOD}+{acceleration}", X, y, B)
+
     key_inducing, _ = jax.random.split(jax.random.PRNGKey(seed))
     inducing = inducing_for(spec, X, key_inducing, inducing)
     if not isinstance(inducing, InducingPoints):
@@ -465,8 +467,7 @@ def fit_pg_natgrad(
         label=f"fit {spec.name} (PG natural gradient)", objective="Pólya–Gamma bound", update=update, constants=constants,
         step_inputs=lambda step: (batches(step), np.asarray(rho_at(step), dtype)), rate_at=lambda step: float(rho_at(step)),
         params_of=constrained,
-        config={**settings.resume_config(spec.name, METHOD if acceleration is None else f"{METHOD}+{acceleration}", X, y, B),
-                "trained_hyperparameters": sorted(trainable)},
+        config={**config, "trained_hyperparameters": sorted(trainable)},
         hint="Try a smaller step_size or learning_rate, or a larger jitter.",
         jitter_of=lambda state: family.jitter_used(constrained(state)), jitter=float(spec.jitter),
     )

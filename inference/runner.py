@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from gpzoo.inference.checkpoint import load_checkpoint, save_checkpoint
+from gpzoo.inference.checkpoint import check_config, load_checkpoint, read_config, save_checkpoint
 from gpzoo.inference.data import data_fingerprint
 from gpzoo.models.errors import CheckpointError, InvalidArgumentError, TrainingError, check_flag, check_integer, check_real, check_seed
 
@@ -103,14 +103,21 @@ class FitSettings:
         (:func:`~gpzoo.inference.data.data_fingerprint`, computed only when checkpointing), the
         seed, the learning rate (a schedule by its values at :data:`SCHEDULE_PROBE_STEPS`) and
         whether the optimiser is the default Adam (a custom optax transformation cannot be
-        compared; its state shapes are).
+        compared; its state shapes are). With ``resume=True`` they are compared with the
+        checkpoint's here, before anything is compiled (``CheckpointError`` naming every
+        difference, or ``steps`` below the steps already done).
         """
         rate = self.learning_rate
         rate = ([float(rate(s)) for s in SCHEDULE_PROBE_STEPS] if callable(rate) else float(rate))
-        return {"model": model, "method": method, "num_data": int(np.shape(X)[0]), "batch_size": int(batch_size),
-                "seed": int(self.seed), "learning_rate": rate, "optimizer": "adam" if self.optimizer is None else "custom",
-                "dtype": str(np.asarray(X).dtype),
-                "data_fingerprint": None if self.checkpoint_dir is None else data_fingerprint(X, y)}
+        config = {"model": model, "method": method, "num_data": int(np.shape(X)[0]), "batch_size": int(batch_size),
+                  "seed": int(self.seed), "learning_rate": rate, "optimizer": "adam" if self.optimizer is None else "custom",
+                  "dtype": str(np.asarray(X).dtype),
+                  "data_fingerprint": None if self.checkpoint_dir is None else data_fingerprint(X, y)}
+        if self.resume and any(Path(self.checkpoint_dir).iterdir()):
+            saved = read_config(self.checkpoint_dir)
+            check_config(self.checkpoint_dir, saved, {k: config[k] for k in RESUME_KEYS})
+            check_steps_done(self.checkpoint_dir, saved["step"], self.steps)
+        return config
 
     def run(self, program: "ChunkProgram", state, diagnostics: dict):
         """:func:`run_chunks` of ``program`` from ``state`` with these settings; records ``seconds`` and
@@ -171,6 +178,13 @@ class ChunkProgram:
 RESUME_KEYS = ("model", "method", "num_data", "batch_size", "seed", "learning_rate", "optimizer", "dtype", "data_fingerprint")
 
 
+def check_steps_done(checkpoint_dir, done: int, steps: int) -> None:
+    """``CheckpointError`` naming ``steps`` when a checkpoint already holds more steps than the run asks for."""
+    if done > steps:
+        raise CheckpointError(f"steps: the checkpoint in {str(checkpoint_dir)!r} already holds {done} steps, more than "
+                              f"steps={steps}; pass steps >= {done} to continue it, or start a new run")
+
+
 def _finite(tree) -> jax.Array:
     """True when every floating leaf of ``tree`` is finite (a scalar bool)."""
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
@@ -205,9 +219,7 @@ def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, che
         config, _, state, history = load_checkpoint(checkpoint_dir, state_template=state,
                                                      expect={k: program.config.get(k) for k in RESUME_KEYS})
         start = int(config["step"])
-        if start > steps:
-            raise CheckpointError(f"steps: the checkpoint in {str(checkpoint_dir)!r} already holds {start} steps, more than "
-                                  f"steps={steps}; pass steps >= {start} to continue it, or start a new run")
+        check_steps_done(checkpoint_dir, start, steps)
         objective_hist, rate_hist = list(history["objective"]), list(history["step_size"])
         diagnostics["jitter_events"] = list(config.get("jitter_events", []))
         diagnostics.update({k: config[k] for k in ("max_jitter", "last_jitter") if k in config})

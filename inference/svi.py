@@ -35,6 +35,7 @@ def fit_svi(spec, X, y, *, family_class, settings: FitSettings) -> FitResult:
     X, y = validate_data(spec, X, y)
     N = X.shape[0]
     B = settings.batch_size_for(N)
+    config = settings.resume_config(spec.name, "svi", X, y, B)
     seed, learning_rate, optimizer, inducing = settings.seed, settings.learning_rate, settings.optimizer, settings.inducing
 
     key = jax.random.PRNGKey(seed)
@@ -68,7 +69,7 @@ def fit_svi(spec, X, y, *, family_class, settings: FitSettings) -> FitResult:
     program = ChunkProgram(
         label=f"fit {spec.name}", objective="ELBO", update=update, step_inputs=batches, constants=(X_j, y_j),
         rate_at=lambda step: float(schedule(step)), params_of=get_params,
-        config=settings.resume_config(spec.name, "svi", X, y, B),
+        config=config,
         hint="Try a smaller learning_rate or larger jitter.",
         jitter_of=lambda state: family.jitter_used(svi.get_params(state)), jitter=float(spec.jitter),
     )
