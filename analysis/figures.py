@@ -32,8 +32,11 @@ def inducing_patches_figure(res, *, latent: int = 0, group: int = 0, ncols: int 
     order = np.argsort(-outputs[group, :, latent])  # [M]
     ncols = ncols or math.ceil(math.sqrt(M))
     nrows = math.ceil(M / ncols)
-    fig = Figure(figsize=(panel_size * ncols, panel_size * nrows * 1.15), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False)
+    # a fixed grid (no constrained layout: solving it for dozens of panels costs about a second)
+    fig = Figure(figsize=(panel_size * ncols, panel_size * nrows * 1.15 + 0.45))
+    axes = fig.subplots(nrows, ncols, squeeze=False,
+                        gridspec_kw={"left": 0.02, "right": 0.98, "bottom": 0.02, "top": 1.0 - 0.45 / fig.get_figheight(),
+                                     "wspace": 0.15, "hspace": 0.35})
     lo, hi = float(patches.min()), float(patches.max())
     for ax in axes.flat:
         ax.set_axis_off()

@@ -123,9 +123,13 @@ def _file_stem(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]", "_", name)
 
 
-def _save_figure(fig, path: Path) -> Path:
-    """PNG of a matplotlib Figure; figures pyplot created (ArviZ's) are closed afterwards."""
-    fig.savefig(path, dpi=FIGURE_DPI, bbox_inches="tight", metadata={"Software": None})
+def _save_figure(fig, path: Path, *, tight: bool = True) -> Path:
+    """PNG of a matplotlib Figure; figures pyplot created (ArviZ's) are closed afterwards.
+
+    ``tight=False`` keeps the figure's own extent (for figures laid out on a fixed grid: trimming
+    draws the figure twice).
+    """
+    fig.savefig(path, dpi=FIGURE_DPI, bbox_inches="tight" if tight else None, metadata={"Software": None})
     if getattr(fig, "number", None) is not None:
         import matplotlib.pyplot as plt  # noqa: PLC0415 - only to release figures ArviZ made with pyplot
 
@@ -170,7 +174,7 @@ def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset
         })
         patches = _inducing_patches_figure(res)
         if patches is not None:
-            path = _save_figure(patches, out / "figures" / f"patches_{stem}.png")
+            path = _save_figure(patches, out / "figures" / f"patches_{stem}.png", tight=False)
             static_figures[name] = [path.name]
     first = next(iter(results.values()))
     info = {

@@ -9,7 +9,9 @@ family (the class holding the NumPyro model and guide) and the fitter that train
 * ``"svgp-logistic-pg"`` — the plain SVGP trained by Pólya–Gamma natural gradients
   (:func:`~gpzoo.inference.pg_natgrad.fit_pg_natgrad`);
 * ``"deep-svgp"`` — :class:`~gpzoo.inference.deep_conv.DeepConvSVGP`, a deep convolutional GP
-  (Dutordoir et al. 2020, §4) trained by SVI.
+  (Dutordoir et al. 2020, §4) trained by SVI;
+* ``"dkm"`` — :class:`~gpzoo.inference.dkm_family.DeepKernelMachine`, a deep kernel machine
+  (Milsom et al. 2024) trained by SVI (:func:`~gpzoo.inference.dkm_family.fit_dkm`).
 
 :func:`register_method` adds one. Prediction and ELBO evaluation need only the family, so they are
 the same for every method. Every fitter validates its data eagerly (typed errors naming the
@@ -32,8 +34,10 @@ import numpyro
 import optax
 import threadpoolctl
 
+from gpzoo.inference.compilation import adaptive_jit
 from gpzoo.inference.data import check_new_inputs, row_slices, validate_data
 from gpzoo.inference.deep_conv import DeepConvSVGP
+from gpzoo.inference.dkm_family import DeepKernelMachine, fit_dkm
 from gpzoo.inference.inducing import InducingVariables
 from gpzoo.inference.invariant import InvariantSVGP
 from gpzoo.inference.linalg import float_dtype
@@ -69,6 +73,7 @@ METHODS: dict[str, Method] = {
     "invariant-svgp": Method(InvariantSVGP, fit_svi),
     "svgp-logistic-pg": Method(SVGP, fit_pg_natgrad),
     "deep-svgp": Method(DeepConvSVGP, fit_svi),
+    "dkm": Method(DeepKernelMachine, fit_dkm),
 }
 
 
@@ -163,10 +168,10 @@ def predict(res: FitResult, X_new, *, num_samples: int = 0, seed: int = 0, batch
     key_h, key_s, key_p = jax.random.split(jax.random.PRNGKey(seed), 3)
     hyper = _hyper_draws(res, key_h, num_hyper_samples)
 
-    moments = functools.partial(_mixture_moments, family, res.params, hyper) if hyper else functools.partial(
-        _moments, family, res.params)
-    pieces = [moments(jnp.asarray(X_new[sl], float_dtype()), jax.random.fold_in(key_p, i))
-              for i, sl in enumerate(row_slices(X_new.shape[0], batch_size))]
+    slices = list(row_slices(X_new.shape[0], batch_size))
+    program = (_mixture_moments if hyper else _moments).for_calls(len(slices))
+    moments = functools.partial(program, family, res.params, hyper) if hyper else functools.partial(program, family, res.params)
+    pieces = [moments(jnp.asarray(X_new[sl], float_dtype()), jax.random.fold_in(key_p, i)) for i, sl in enumerate(slices)]
     f_mean, f_var, y_mean, y_var, probs = (
         None if pieces[0][j] is None else np.concatenate([np.asarray(p[j]) for p in pieces]) for j in range(5)
     )
@@ -177,15 +182,16 @@ def predict(res: FitResult, X_new, *, num_samples: int = 0, seed: int = 0, batch
     return Prediction(f_mean, f_var, y_mean, y_var, probs, f_samples)
 
 
-# Compiled once per family (a static argument, hashed by identity) and reused by every later call.
-@functools.partial(jax.jit, static_argnums=0)
+# Compiled once per family (a static argument, hashed by identity) and reused by every later call;
+# quick builds for a few chunks (gpzoo.inference.compilation).
+@adaptive_jit(static_argnums=0)
 def _moments(family, params, Xc, key):
     """q(f*) moments ``[n, L]``, y* moments and class probabilities at inputs ``Xc`` ``[n, D]``."""
     with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=key):
         return family.predictive_moments(family.parts(), Xc, key)
 
 
-@functools.partial(jax.jit, static_argnums=0)
+@adaptive_jit(static_argnums=0)
 def _mixture_moments(family, params, hyper, Xc, key):
     """:func:`_moments` averaged over draws of the sampled hyperparameters ``hyper`` ``{site: [H, ...]}`` (mixture moments)."""
     num = jax.tree_util.tree_leaves(hyper)[0].shape[0]
@@ -195,7 +201,7 @@ def _mixture_moments(family, params, hyper, Xc, key):
             None if probs is None else probs.mean(0))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 6))
+@adaptive_jit(static_argnums=(0, 6))
 def _ell_and_kl(family, params, Xc, yc, key, rows, num_data):
     """Σ_n E_q[log p(y_n | f_n)] over a chunk and KL[q(u) || p(u)]; ``num_data`` (static) set: per-datum
     parameters are read at training rows ``rows`` ``[n]``."""
@@ -240,6 +246,8 @@ def evaluate_elbo(res: FitResult, X=None, y=None, *, num_samples: int = 32, seed
     keys = jax.random.split(jax.random.PRNGKey(seed), S)
 
     hyper = _hyper_draws(res, jax.random.PRNGKey(seed + 1), S)
+    slices = list(row_slices(X.shape[0], batch_size))
+    program = _ell_and_kl.for_calls(S * len(slices))
     draws, ell_total, kl_total = [], 0.0, 0.0
     for s in range(S):
         params = dict(res.params)
@@ -249,8 +257,8 @@ def evaluate_elbo(res: FitResult, X=None, y=None, *, num_samples: int = 32, seed
             params.update(h)
             extra = _hyper_log_ratio(res, h, X[:1], y[:1])
         ell, kl = 0.0, 0.0
-        for i, sl in enumerate(row_slices(X.shape[0], batch_size)):
-            e, kl = _ell_and_kl(family, params, jnp.asarray(X[sl]), jnp.asarray(y[sl], float_dtype()),
+        for i, sl in enumerate(slices):
+            e, kl = program(family, params, jnp.asarray(X[sl]), jnp.asarray(y[sl], float_dtype()),
                                 jax.random.fold_in(keys[s], i), np.arange(sl.start, sl.stop),
                                 res.num_data if with_indices else None)
             ell += float(e)

@@ -18,13 +18,13 @@ blocks of Kuu are factorised (``cholesky_with_jitter``); Kuf is computed in chun
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from numpyro.handlers import condition, seed, substitute, trace
 
+from gpzoo.inference.compilation import adaptive_jit
 from gpzoo.inference.data import check_new_inputs
 from gpzoo.inference.linalg import float_dtype
 from gpzoo.inference.results import FitResult
@@ -108,7 +108,7 @@ def _check_draws(res: FitResult, draws: InducingDraws) -> None:
         raise ShapeError("draws", f"u has shape {draws.u.shape}, expected [S, {expected[0]}, {expected[1]}] for this model")
 
 # ----------------------------------------------------------------------------- q(u) draws
-@functools.partial(jax.jit, static_argnums=(0, 1))
+@adaptive_jit(static_argnums=(0, 1))
 def _draw_inducing(family, num_data: int, params, hyper, keys, X1, y1):
     """vmap over draws s of (u_s ``[L, GM]``, log q, log p) given θ_s (``hyper``, possibly empty).
 
@@ -141,7 +141,7 @@ def sample_inducing(res: FitResult, num_draws: int, key) -> InducingDraws:
     X1 = jnp.asarray(res.X_train[:1])
     y1 = jnp.asarray(res.y_train[:1], float_dtype())
     keys = jax.random.split(key_u, int(num_draws))
-    u, log_q, log_p = _draw_inducing(family, int(res.num_data), res.params, hyper, keys, X1, y1)
+    u, log_q, log_p = _draw_inducing.for_calls(1)(family, int(res.num_data), res.params, hyper, keys, X1, y1)
     return InducingDraws(
         u=np.asarray(u), log_q=np.asarray(log_q, np.float64), log_prior=np.asarray(log_p, np.float64),
         hyper={k: np.asarray(v) for k, v in hyper.items()},
@@ -173,9 +173,12 @@ def _conditional_all(family, params, hyper, u, X):
     mean, var, likelihood = jax.vmap(one)(hyper, u)
     return mean, var, likelihood, True
 
-@functools.partial(jax.jit, static_argnums=0)
+@adaptive_jit(static_argnums=0)
 def _moments_chunk(family, params, hyper, u, Xc):
     return _conditional_all(family, params, hyper, u, Xc)[:2]
+
+def _num_chunks(X) -> int:
+    return -(-X.shape[0] // min(CHUNK_ROWS, X.shape[0]))
 
 def _chunks(X, *arrays):
     """Row chunks of ``CHUNK_ROWS`` (the last padded by repeating row 0, so one shape compiles):
@@ -199,8 +202,9 @@ def conditional_given_u(res: FitResult, X, draws: InducingDraws):
     X = check_new_inputs(res, X, "X")
     hyper = {k: jnp.asarray(v) for k, v in draws.hyper.items()}
     means, vars_ = [], []
+    program = _moments_chunk.for_calls(_num_chunks(X))
     for n, Xc, _ in _chunks(X):
-        mean, var = _moments_chunk(family, res.params, hyper, jnp.asarray(draws.u), jnp.asarray(Xc))
+        mean, var = program(family, res.params, hyper, jnp.asarray(draws.u), jnp.asarray(Xc))
         means.append(np.asarray(mean)[:, :n])
         vars_.append(np.asarray(var)[:, :n])
     return np.concatenate(means, axis=1), np.concatenate(vars_, axis=1)
@@ -225,7 +229,7 @@ def _replicate(likelihood, mean, var, key):
     y_mean, y_var = likelihood.predict_mean_and_var(mean, var)  # [n, 1]
     return y_mean[:, 0] + jnp.sqrt(y_var[:, 0]) * jax.random.normal(key_y, y_mean.shape[:1], y_mean.dtype)
 
-@functools.partial(jax.jit, static_argnums=0)
+@adaptive_jit(static_argnums=0)
 def _pointwise_chunk(family, params, hyper, u, Xc, yc, key):
     """log p(y_n | u_s) ``[S, n]`` and replicates ``[S, n]`` for one chunk of inputs."""
     mean, var, likelihood, per_draw = _conditional_all(family, params, hyper, u, Xc)  # [S, n, L] each
@@ -250,8 +254,9 @@ def pointwise_given_u(res: FitResult, X, y, draws: InducingDraws, key) -> Pointw
     hyper = {k: jnp.asarray(v) for k, v in draws.hyper.items()}
     u = jnp.asarray(draws.u)
     logs, reps = [], []
+    program = _pointwise_chunk.for_calls(_num_chunks(X))
     for i, (n, Xc, (yc,)) in enumerate(_chunks(X, np.asarray(y, float_dtype()))):
-        log_lik, y_rep = _pointwise_chunk(family, res.params, hyper, u, jnp.asarray(Xc), jnp.asarray(yc), jax.random.fold_in(key, i))
+        log_lik, y_rep = program(family, res.params, hyper, u, jnp.asarray(Xc), jnp.asarray(yc), jax.random.fold_in(key, i))
         logs.append(np.asarray(log_lik, np.float64)[:, :n])
         reps.append(np.asarray(y_rep)[:, :n])
     return PointwiseDraws(np.concatenate(logs, axis=1), np.concatenate(reps, axis=1))

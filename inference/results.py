@@ -206,6 +206,7 @@ def _walk(obj, prefix: str):
 
 def _declared_sites(res: FitResult) -> dict:
     """Constraint of every ``numpyro.param`` site declared by ``family.parts()`` and the hyper guide."""
+    import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
     from numpyro.distributions import constraints  # noqa: PLC0415
     from numpyro.handlers import seed, substitute, trace  # noqa: PLC0415
@@ -220,8 +221,12 @@ def _declared_sites(res: FitResult) -> dict:
         X1, y1 = jnp.asarray(res.X_train[:1]), jnp.asarray(res.y_train[:1])
         programs.append(lambda: guide(X1, y1, res.num_data))
     for program in programs:
-        tr = trace(seed(substitute(program, data=res.params), rng_seed=0)).get_trace()
-        out.update({name: site["kwargs"].get("constraint", constraints.real) for name, site in tr.items() if site["type"] == "param"})
+        def declared(program=program):
+            tr = trace(seed(substitute(program, data=res.params), rng_seed=0)).get_trace()
+            out.update({name: site["kwargs"].get("constraint", constraints.real) for name, site in tr.items() if site["type"] == "param"})
+            return 0
+
+        jax.eval_shape(declared)  # traced only (abstract values): nothing is computed or compiled
     return out
 
 
