@@ -47,8 +47,8 @@ METHOD, INDUCING_KIND = "deep-svgp", "deep-patches"
 NumLayers = Annotated[int, f"layers in all, 1-{MAX_LAYERS}: num_layers - 1 hidden multi-output layers, then the output layer"]
 DeepPatchShape = Annotated[tuple[int, int] | None, "patch height × width of every layer, e.g. 5x5; none: 5x5, clipped so L layers fit"]
 PatchSides = Annotated[tuple[int, ...] | None, "square patch side of each layer, first to last (e.g. 5,3); overrides patch_shape"]
-HiddenInducing = Annotated[tuple[int, ...] | None, "inducing patches of each hidden layer (one value: all); none: num_inducing"]
-HiddenChannels = Annotated[tuple[int, ...] | None, "output channels of each hidden layer (one value: all); none: 1"]
+HiddenInducing = Annotated[int | tuple[int, ...] | None, "inducing patches of each hidden layer (one value: all); none: num_inducing"]
+HiddenChannels = Annotated[int | tuple[int, ...] | None, "output channels of each hidden layer (one value: all); none: 1"]
 HiddenVariance = Annotated[float, "initial variance of the hidden layers' patch functions"]
 
 
