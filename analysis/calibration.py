@@ -4,7 +4,8 @@ Pure functions on NumPy arrays (or an ArviZ DataTree where ArviZ itself needs on
 receives predictions, never model objects.
 
 * multi-class — :func:`classification_metrics` (ECE and MCE with their binning stated, NLL,
-  NLL on misclassified points, Brier score, top-k error for k = 1, 2, 3 as in Dutordoir et al. 2020, Table 1),
+  NLL on misclassified points, Brier score, top-k error for k = 1, 2, 3 as in Dutordoir et al. 2020, Table 1,
+  the last three from :mod:`gpzoo.analysis.metrics`, which also holds the input checks used here),
   :func:`reliability_curve` and :func:`reliability_figure` (reliability diagram of top-label
   confidence). ArviZ has no binned reliability diagram or ECE, so these are written here.
 * binary — :func:`pav_calibration_figure` draws ArviZ's PAV-adjusted calibration plot
@@ -31,6 +32,7 @@ from matplotlib.figure import Figure
 from scipy.optimize import isotonic_regression
 from scipy.special import ndtr, ndtri
 
+from gpzoo.analysis.metrics import PROB_ATOL, check_labels, check_probs, classification_table
 from gpzoo.models.errors import DataError, InvalidArgumentError, ShapeError, as_float_array
 
 __all__ = [
@@ -50,58 +52,11 @@ __all__ = [
 ]
 
 BINNINGS = ("equal-width", "equal-mass")
-PROB_ATOL = 1e-4  # tolerance on probabilities leaving [0, 1] and on rows summing to 1 (float32 softmax)
 OBS_DIM = "obs"
 _NOT_BINARY = "PAV calibration is binary: expected p(y=1) as a 1-D array, got shape {shape}"
 
 
 # ----------------------------------------------------------------------------- validation
-
-
-def _check_probs(probs, argument: str = "probs") -> np.ndarray:
-    """Return float64 class probabilities ``[N, C]``; a 1-D input is p(y=1) of a binary problem."""
-    arr = as_float_array(probs, argument, ndim=(1, 2)).astype(np.float64)
-    if arr.shape[0] == 0:
-        raise ShapeError(argument, "needs at least one row (prediction), got 0")
-    if np.any(arr < -PROB_ATOL) or np.any(arr > 1 + PROB_ATOL):
-        raise DataError(
-            argument, f"probabilities must lie in [0, 1]; found values in [{arr.min():.6g}, {arr.max():.6g}]"
-        )
-    arr = np.clip(arr, 0.0, 1.0)
-    if arr.ndim == 1:
-        return np.stack([1.0 - arr, arr], axis=1)  # [N, 2]
-    if arr.shape[1] < 2:
-        raise ShapeError(argument, f"needs at least 2 class columns, got shape {arr.shape}")
-    row_sums = arr.sum(axis=1)  # [N]
-    worst = int(np.argmax(np.abs(row_sums - 1.0)))
-    if abs(row_sums[worst] - 1.0) > PROB_ATOL:
-        raise DataError(
-            argument, f"each row must sum to 1 (tolerance {PROB_ATOL}); row {worst} sums to {row_sums[worst]:.6g}"
-        )
-    return arr
-
-
-def _check_labels(labels, num_classes: int, num_rows: int, argument: str = "labels") -> np.ndarray:
-    """Return int64 labels ``[N]`` in ``0 .. num_classes-1``, matching ``num_rows``."""
-    arr = np.asarray(labels)
-    if arr.ndim != 1:
-        raise ShapeError(argument, f"expected a 1-D array of class labels, got shape {arr.shape}")
-    if arr.shape[0] != num_rows:
-        raise ShapeError(argument, f"has {arr.shape[0]} labels but there are {num_rows} predictions")
-    if arr.dtype == bool:
-        arr = arr.astype(np.int64)
-    if not np.issubdtype(arr.dtype, np.number):
-        raise DataError(argument, f"must be integer class labels, got dtype {arr.dtype}")
-    if np.issubdtype(arr.dtype, np.floating):
-        if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
-            raise DataError(argument, "must be integer class labels; found non-integer or NaN values")
-    arr = arr.astype(np.int64)
-    if np.any(arr < 0) or np.any(arr >= num_classes):
-        raise DataError(
-            argument,
-            f"labels must lie in 0 .. {num_classes - 1} (number of classes); found {arr.min()} .. {arr.max()}",
-        )
-    return arr
 
 
 def _check_binning(num_bins, binning: str, num_rows: int) -> int:
@@ -124,18 +79,6 @@ def _top_label(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.nd
     predicted = np.argmax(probs, axis=1)  # [N]
     confidence = probs[np.arange(probs.shape[0]), predicted]  # [N]
     return confidence, (predicted == labels)
-
-
-def _label_rank(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Position ``[N]`` of the true label in the stable descending order of ``probs``.
-
-    Rank 0 means the label is the argmax; ties are broken towards the lower class index, exactly
-    as :func:`numpy.argmax`, so ``top-1 error == 1 - accuracy`` also under ties.
-    """
-    p_true = probs[np.arange(probs.shape[0]), labels][:, None]  # [N, 1]
-    class_index = np.arange(probs.shape[1])[None, :]  # [1, C]
-    ahead = (probs > p_true) | ((probs == p_true) & (class_index < labels[:, None]))  # [N, C]
-    return ahead.sum(axis=1)
 
 
 def _binning_description(num_bins: int, binning: str, num_rows: int) -> str:
@@ -195,8 +138,8 @@ def reliability_curve(probs, labels, num_bins: int = 15, binning: str = "equal-w
     "equal-width": ``num_bins`` bins (lo, hi] on [0, 1] (Guo et al. 2017). "equal-mass": bins of
     equal count (by rank, sizes differ by at most one), Nixon et al. 2019's adaptive binning.
     """
-    p = _check_probs(probs)  # [N, C]
-    y = _check_labels(labels, p.shape[1], p.shape[0])  # [N]
+    p = check_probs(probs)  # [N, C]
+    y = check_labels(labels, p.shape[1], p.shape[0])  # [N]
     num_bins = _check_binning(num_bins, binning, p.shape[0])
     confidence, correct = _top_label(p, y)
     return _reliability(confidence, correct, num_bins, binning)
@@ -221,9 +164,9 @@ def classification_metrics(probs, labels, *, num_bins: int = 15, binning: str = 
     ArviZ has none of these for given probabilities (``arviz_stats.metrics(kind="acc")`` scores
     predictive draws), so they are computed here.
     """
-    p = _check_probs(probs)  # [N, C]
+    p = check_probs(probs)  # [N, C]
     num_rows, num_classes = p.shape
-    y = _check_labels(labels, num_classes, num_rows)  # [N]
+    y = check_labels(labels, num_classes, num_rows)  # [N]
     num_bins = _check_binning(num_bins, binning, num_rows)
 
     confidence, correct = _top_label(p, y)
@@ -233,24 +176,19 @@ def classification_metrics(probs, labels, *, num_bins: int = 15, binning: str = 
     ece = float(np.sum(filled["count"].to_numpy() / num_rows * abs_gap))
     mce = float(np.max(abs_gap))
 
-    p_true = p[np.arange(num_rows), y]  # [N]
-    with np.errstate(divide="ignore"):
-        log_p_true = np.log(p_true)
-    missed = ~correct
     one_hot = np.eye(num_classes)[y]  # [N, C]
-    rank = _label_rank(p, y)  # [N]
+    table_one = classification_table(p, y)  # top-k errors and NLLs (gpzoo.analysis.metrics)
 
     result = {
         "ece": ece,
         "mce": mce,
         "binning": table.attrs["binning"],
-        "nll": float(-np.mean(log_p_true)),
-        "nll_misclassified": float(-np.mean(log_p_true[missed])) if missed.any() else math.nan,
+        "nll": table_one["nll"],
+        "nll_misclassified": table_one["nll_misclassified"],
         "brier": float(np.mean(np.sum((p - one_hot) ** 2, axis=1))),
         "accuracy": float(np.mean(correct)),
     }
-    for k in range(1, min(3, num_classes) + 1):
-        result[f"top{k}_error"] = float(np.mean(rank >= k))
+    result.update({key: value for key, value in table_one.items() if key.startswith("top")})
     result["num_samples"] = num_rows
     result["num_classes"] = num_classes
     return result
@@ -334,8 +272,8 @@ def binary_datatree(probs, labels, *, num_draws: int = 200, seed: int = 0, var_n
     differs from ``p_n`` by at most ``1 / (2 num_draws)`` and each draw is a Bernoulli replicate
     of the data.
     """
-    p = _check_probs(probs)  # [N, 2]
-    y = _check_labels(labels, 2, p.shape[0])
+    p = check_probs(probs)  # [N, 2]
+    y = check_labels(labels, 2, p.shape[0])
     if isinstance(num_draws, bool) or not isinstance(num_draws, (int, np.integer)) or num_draws < 2:
         raise InvalidArgumentError("num_draws", f"must be an integer >= 2, got {num_draws!r}")
     ones = np.rint(p[:, 1] * num_draws).astype(np.int64)  # [N]
@@ -420,8 +358,8 @@ def pav_calibration_error(data, labels=None, *, var_name: str = "y") -> dict:
             raise InvalidArgumentError("labels", "are required when data is an array of probabilities")
         if np.ndim(data) != 1:
             raise ShapeError("probs", _NOT_BINARY.format(shape=np.shape(data)))
-        forecast = _check_probs(data)[:, 1]
-        outcome = _check_labels(labels, 2, forecast.shape[0]).astype(np.float64)
+        forecast = check_probs(data)[:, 1]
+        outcome = check_labels(labels, 2, forecast.shape[0]).astype(np.float64)
 
     unique_x, inverse, counts = np.unique(forecast, return_inverse=True, return_counts=True)
     mean_y = np.bincount(inverse, weights=outcome) / counts  # [U], ties pooled
