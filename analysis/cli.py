@@ -125,8 +125,15 @@ def _add_fit_options(parser, *, data_default):
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
+def _version() -> str:
+    from gpzoo import __version__  # noqa: PLC0415 - the package root is light (lazy public names)
+
+    return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gpzoo", description="Structured-kernel Gaussian processes: fit, compare, report.")
+    parser.add_argument("--version", action="version", version=f"gpzoo {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     list_p = sub.add_parser("list", help="list models and datasets with one-line descriptions")
     list_p.add_argument("--options", action="store_true", help="also list each model's options (type, default, help)")
@@ -310,12 +317,17 @@ def _fit_and_report(args, model_names: list[str], out) -> int:
         results[name] = fit(spec, X_train, y_train, steps=args.steps, batch_size=batch_size, seed=args.seed,
                             learning_rate=args.learning_rate, progress=not args.quiet)
     fit_seconds = time.perf_counter() - t0
-    path = report(results, args.out, X_test=X_test, y_test=y_test, dataset=ds, num_draws=args.num_draws, seed=args.seed)
+    if not args.quiet:
+        print(f"fitted {len(results)} model(s) in {fit_seconds:.1f} s; writing the report (posterior draws, held-out "
+              f"and PSIS-LOO checks, figures) to {args.out}", file=sys.stderr, flush=True)
+    t1 = time.perf_counter()
+    path = report(results, args.out, X_test=X_test, y_test=y_test, dataset=ds, num_draws=args.num_draws, seed=args.seed,
+                  progress=not args.quiet)
+    report_seconds = time.perf_counter() - t1
     for name, res in results.items() if args.save_models else ():
         save(res, args.out / "models" / name)
     _print_summary(path.parent, out, summary_columns)
-    print(f"fitted {len(results)} model(s) in {fit_seconds:.1f} s, total {time.perf_counter() - t0:.1f} s; "
-          f"report: {path}", file=out)
+    print(f"fitted {len(results)} model(s) in {fit_seconds:.1f} s, report in {report_seconds:.1f} s; report: {path}", file=out)
     if args.save_models:
         print(f"saved models: {args.out / 'models'}/NAME (gpzoo predict --model ...)", file=out)
     return 0

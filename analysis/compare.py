@@ -17,6 +17,7 @@ them without refitting.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Mapping
@@ -40,6 +41,12 @@ __all__ = [
     "loo_approximate",
     "ranking_disagreements",
     "heldout_elpd",
+    "compare_heldout",
+    "heldout_pointwise",
+    "paired_heldout_difference",
+    "Reversal",
+    "heldout_reversals",
+    "ranking_reversals",
 ]
 
 
@@ -140,14 +147,54 @@ def loo_approximate(dt: xr.DataTree, *, var_name: str = LOO_VAR_NAME):
         return loo_approximate_posterior(dt, stats["log_p"], stats["log_q"], pointwise=True, var_name=var_name)
 
 
+def heldout_pointwise(dt: xr.DataTree, var_name: str = "y") -> np.ndarray:
+    """log mean_s p(y*_n | u_s) of every test point ``[T]`` (from ``predictions_log_likelihood``)."""
+    if not isinstance(dt, xr.DataTree) or "predictions_log_likelihood" not in dt.children:
+        raise InvalidArgumentError("dt", "expected a DataTree from gpzoo.analysis.to_datatree (with predictions_log_likelihood)")
+    log_lik = dt["predictions_log_likelihood"][var_name]  # [chain, draw, obs_id]
+    values = np.asarray(log_lik.values, np.float64).reshape(-1, log_lik.shape[-1])  # [S, T]
+    m = values.max(axis=0)
+    return m + np.log(np.mean(np.exp(values - m), axis=0))
+
+
+def _sum_se(pointwise: np.ndarray) -> float:
+    """Standard error √T·sd of a sum of ``T`` pointwise terms (0 for a single term)."""
+    return float(math.sqrt(len(pointwise)) * pointwise.std(ddof=1)) if len(pointwise) > 1 else 0.0
+
+
 def heldout_elpd(dt: xr.DataTree, var_name: str = "y") -> tuple[float, float]:
     """Held-out elpd Σ_n log mean_s p(y*_n | u_s) of the test points (``predictions_log_likelihood``)
     and its standard error √N·sd."""
-    log_lik = dt["predictions_log_likelihood"][var_name]  # [chain, draw, obs_id]
-    values = log_lik.values.reshape(-1, log_lik.shape[-1])  # [S, T]
-    m = values.max(axis=0)
-    pointwise = m + np.log(np.mean(np.exp(values - m), axis=0))  # [T]
-    return float(pointwise.sum()), float(math.sqrt(len(pointwise)) * pointwise.std(ddof=1)) if len(pointwise) > 1 else 0.0
+    pointwise = heldout_pointwise(dt, var_name)
+    return float(pointwise.sum()), _sum_se(pointwise)
+
+
+def compare_heldout(datatrees: Mapping[str, xr.DataTree]) -> pd.DataFrame:
+    """Rank models by held-out elpd on the same test points, best first, in ``az.compare``'s columns.
+
+    ``elpd`` ± ``se`` per model; ``elpd_diff`` = elpd_best − elpd_model and ``dse`` its *paired*
+    standard error √T·sd(elpd_best,n − elpd_model,n) over test points n — the points are shared, so
+    the difference is far more precise than √(se_a² + se_b²). ``az.plot_compare`` draws the table.
+    """
+    datatrees = _check_mapping(datatrees, "datatrees", xr.DataTree)
+    pointwise = {name: heldout_pointwise(dt) for name, dt in datatrees.items()}
+    sizes = {len(v) for v in pointwise.values()}
+    if len(sizes) > 1:
+        raise InvalidArgumentError("datatrees", f"models were evaluated on different numbers of test points: {sorted(sizes)}")
+    order = sorted(pointwise, key=lambda name: -pointwise[name].sum())
+    best = pointwise[order[0]]
+    rows = {name: {"rank": rank, "elpd": float(pointwise[name].sum()), "se": _sum_se(pointwise[name]),
+                   "elpd_diff": float(best.sum() - pointwise[name].sum()), "dse": _sum_se(best - pointwise[name])}
+            for rank, name in enumerate(order)}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "model"
+    return table
+
+
+def paired_heldout_difference(datatrees: Mapping[str, xr.DataTree], a: str, b: str) -> tuple[float, float]:
+    """elpd_a − elpd_b on the shared test points and its paired standard error."""
+    diff = heldout_pointwise(datatrees[a]) - heldout_pointwise(datatrees[b])
+    return float(diff.sum()), _sum_se(diff)
 
 
 def compare_loo(datatrees: Mapping[str, xr.DataTree], *, method: str = "stacking") -> pd.DataFrame:
@@ -183,27 +230,71 @@ def compare_loo(datatrees: Mapping[str, xr.DataTree], *, method: str = "stacking
 
 
 # ----------------------------------------------------------------------------- disagreement
+#: A held-out criterion reverses the ELBO's order of two models "significantly" when it prefers the
+#: other model by more than this many (paired) standard errors.
+SIGNIFICANT_SE = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Reversal:
+    """Two models that the ELBO orders one way and a held-out criterion the other way.
+
+    ``d_elbo`` = ELBO(``elbo_prefers``) − ELBO(``other``) > 0 with its Monte Carlo SE;
+    ``d_heldout`` = criterion(``other``) − criterion(``elbo_prefers``) > 0 with its standard error
+    (paired over the shared test points for the held-out elpd).
+    """
+
+    elbo_prefers: str
+    other: str
+    d_elbo: float
+    d_elbo_se: float
+    d_heldout: float
+    d_heldout_se: float
+    criterion: str
+
+    @property
+    def significant(self) -> bool:
+        """Whether the criterion prefers ``other`` by more than :data:`SIGNIFICANT_SE` standard errors."""
+        return self.d_heldout > SIGNIFICANT_SE * self.d_heldout_se
+
+    def sentence(self) -> str:
+        return (f"ELBO prefers {self.elbo_prefers} over {self.other} (ΔELBO {self.d_elbo:.2f} ± {self.d_elbo_se:.2f}) but "
+                f"{self.criterion} prefers {self.other} over {self.elbo_prefers} (Δelpd {self.d_heldout:.2f} ± "
+                f"{self.d_heldout_se:.2f})")
+
+
+def ranking_reversals(elbo: pd.DataFrame, other: pd.DataFrame, difference, criterion: str) -> list[Reversal]:
+    """Every pair of models that ``elbo`` (:func:`elbo_table`) and ``other`` (a table with ``rank``)
+    order differently; ``difference(a, b)`` gives criterion(a) − criterion(b) and its standard error."""
+    common = [m for m in elbo.sort_values("rank").index if m in other.index]
+    rank = other["rank"]
+    found = []
+    for i, a in enumerate(common):
+        for b in common[i + 1:]:  # ELBO prefers a over b
+            if rank[b] < rank[a]:
+                d, se = difference(b, a)
+                found.append(Reversal(a, b, float(elbo.loc[a, "elbo"] - elbo.loc[b, "elbo"]),
+                                      float(math.hypot(elbo.loc[a, "elbo_se"], elbo.loc[b, "elbo_se"])), float(d), float(se),
+                                      criterion))
+    return found
+
+
+def heldout_reversals(elbo: pd.DataFrame, datatrees: Mapping[str, xr.DataTree]) -> list[Reversal]:
+    """Pairs the ELBO and the held-out elpd (:func:`compare_heldout`) order differently, with paired SEs."""
+    return ranking_reversals(elbo, compare_heldout(datatrees), lambda a, b: paired_heldout_difference(datatrees, a, b),
+                             "held-out elpd")
+
+
 def ranking_disagreements(elbo: pd.DataFrame, loo: pd.DataFrame) -> list[str]:
     """Sentences for every pair of models that ELBO and PSIS-LOO order differently (empty: they agree).
 
     Each sentence gives both differences with their standard errors, so a reader can tell a
     real disagreement from noise (|Δ| within ~2 SE).
     """
-    common = [m for m in elbo.sort_values("rank").index if m in loo.index]
-    loo_rank = loo["rank"]
-    messages = []
-    for i, a in enumerate(common):
-        for b in common[i + 1:]:  # ELBO prefers a over b
-            if loo_rank[b] < loo_rank[a]:
-                d_elbo = elbo.loc[a, "elbo"] - elbo.loc[b, "elbo"]
-                se_elbo = math.hypot(elbo.loc[a, "elbo_se"], elbo.loc[b, "elbo_se"])
-                d_loo = loo.loc[b, "elpd"] - loo.loc[a, "elpd"]
-                se_loo = _pair_dse(loo, a, b)
-                messages.append(
-                    f"ELBO prefers {a} over {b} (ΔELBO {d_elbo:.2f} ± {se_elbo:.2f}) but PSIS-LOO prefers "
-                    f"{b} over {a} (Δelpd {d_loo:.2f} ± {se_loo:.2f})"
-                )
-    return messages
+    def difference(a, b):
+        return float(loo.loc[a, "elpd"] - loo.loc[b, "elpd"]), _pair_dse(loo, a, b)
+
+    return [r.sentence() for r in ranking_reversals(elbo, loo, difference, "PSIS-LOO")]
 
 
 def _pair_dse(loo: pd.DataFrame, a: str, b: str) -> float:

@@ -20,6 +20,7 @@ written once by :func:`report` and re-embedded by :func:`rebuild_report`.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime
 import html
 import json
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 import xarray as xr
+from tqdm.auto import tqdm
 
 from gpzoo.analysis import calibration
 from gpzoo.models.errors import GPZooError, InvalidArgumentError
@@ -42,7 +44,9 @@ if TYPE_CHECKING:
     from gpzoo.inference.results import FitResult
 
 __all__ = [
-    "ReportError", "check_writable", "comparison_table", "heldout_metrics", "load_report", "netcdf_engine",
+    "Page", "ReportError", "check_writable", "comparison_figure", "comparison_table", "data_line", "environment",
+    "fit_facts", "heldout_metrics", "hyperparameter_table", "load_report", "netcdf_engine", "ranking_table",
+    "settings_line", "unique_file_stems", "verdict",
     "read_datatree", "rebuild_report", "report", "summary_columns", "write_datatree",
 ]
 
@@ -139,11 +143,12 @@ def _save_figure(fig, path: Path, *, tight: bool = True) -> Path:
 
 # ----------------------------------------------------------------------------- report
 def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset=None, num_draws: int = 200,
-           num_elbo_samples: int = 32, seed: int = 0) -> Path:
+           num_elbo_samples: int = 32, seed: int = 0, progress: bool = False) -> Path:
     """Write the full report of ``results`` (fitted on the same training data) to ``out_dir``.
 
     ``X_test``/``y_test`` are the held-out points; ``dataset`` (an ``analysis.datasets.Dataset``,
-    optional) only adds its name and description. Returns the path of ``report.html``.
+    optional) adds its name, description and full split sizes. ``progress`` shows a progress bar
+    over the models (on stderr). Returns the path of ``report.html``.
     """
     from gpzoo.analysis.compare import elbo_estimates  # noqa: PLC0415 - JAX-heavy; keeps `import gpzoo.analysis` light
     from gpzoo.analysis.datatree import to_datatree  # noqa: PLC0415
@@ -151,31 +156,32 @@ def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset
     if not isinstance(results, Mapping) or not results:
         raise InvalidArgumentError("results", "expected a non-empty dict {name: FitResult}")
     out = _prepare_dir(out_dir)
-    estimates = elbo_estimates(results, num_samples=num_elbo_samples, seed=seed)
-    files, static_figures = {}, {}
-    for name, res in results.items():
-        stem = _file_stem(name)
-        files[name] = stem
-        dt = to_datatree(res, X_test, y_test, num_draws=num_draws, seed=seed)
-        write_datatree(dt, out / "models" / f"{stem}.nc")
-        _write_json(out / "models" / f"{stem}.json", {
-            "model": name,
-            "spec_name": res.spec.name,
-            "description": res.spec.description,
-            "task": res.spec.likelihood.task,
-            "elbo": estimates[name],
-            "fit": {"steps": int(len(res.objective_history)), "batch_size": res.batch_size, "seed": res.seed,
-                    "seconds": float(res.diagnostics.get("seconds", math.nan)),
-                    "final_minibatch_elbo": res.final_objective,
-                    "num_inducing": res.spec.num_inducing,
-                    "jitter_events": res.diagnostics.get("jitter_events", [])},
-            "header": res.header(),
-            "parameters": res.summary().reset_index().to_dict(orient="records"),
-        })
-        patches = _inducing_patches_figure(res)
-        if patches is not None:
-            path = _save_figure(patches, out / "figures" / f"patches_{stem}.png", tight=False)
-            static_figures[name] = [path.name]
+    files = unique_file_stems(list(results))
+    static_figures = {}
+    with tqdm(total=len(results) + 1, desc="report", unit="model", disable=not progress, leave=False) as bar:
+        bar.set_postfix_str("ELBO estimates")
+        estimates = elbo_estimates(results, num_samples=num_elbo_samples, seed=seed)
+        bar.update()
+        for name, res in results.items():
+            bar.set_postfix_str(name)
+            stem = files[name]
+            dt = to_datatree(res, X_test, y_test, num_draws=num_draws, seed=seed)
+            write_datatree(dt, out / "models" / f"{stem}.nc")
+            _write_json(out / "models" / f"{stem}.json", {
+                "model": name,
+                "spec_name": res.spec.name,
+                "description": res.spec.description,
+                "task": res.spec.likelihood.task,
+                "elbo": estimates[name],
+                "fit": fit_facts(res),
+                "header": res.header(),
+                "parameters": res.summary().reset_index().to_dict(orient="records"),
+            })
+            patches = _inducing_patches_figure(res)
+            if patches is not None:
+                path = _save_figure(patches, out / "figures" / f"patches_{stem}.png", tight=False)
+                static_figures[name] = [path.name]
+            bar.update()
     first = next(iter(results.values()))
     info = {
         "format": REPORT_FORMAT,
@@ -185,15 +191,79 @@ def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset
         "files": files,
         "static_figures": static_figures,
         "settings": {"num_draws": num_draws, "num_elbo_samples": num_elbo_samples, "seed": seed},
+        "environment": environment(),
     }
     _write_json(out / "report.json", info)
     return rebuild_report(out)
+
+
+def unique_file_stems(names: list[str]) -> dict[str, str]:
+    """``{name: file stem}``: names made file-safe, distinct names never sharing a stem (a suffix
+    ``-2``, ``-3``... where two would), compared case-insensitively (for case-insensitive file systems)."""
+    stems, taken = {}, set()
+    for name in names:
+        base = _file_stem(name) or "model"
+        stem, k = base, 1
+        while stem.lower() in taken:
+            k += 1
+            stem = f"{base}-{k}"
+        taken.add(stem.lower())
+        stems[name] = stem
+    return stems
+
+
+def fit_facts(res: FitResult) -> dict:
+    """The run settings and outcome of one fit as report.json stores them."""
+    history = np.asarray(res.step_size_history, np.float64)
+    return {"steps": int(len(res.objective_history)), "batch_size": res.batch_size, "seed": res.seed,
+            "learning_rate": float(history[0]) if history.size else math.nan, "step_size_name": res.step_size,
+            "seconds": float(res.diagnostics.get("seconds", math.nan)),
+            "final_minibatch_elbo": res.final_objective,
+            "num_inducing": res.spec.num_inducing,
+            "jitter_events": res.diagnostics.get("jitter_events", [])}
+
+
+def environment() -> dict:
+    """Versions of gpzoo, Python, JAX, NumPyro and ArviZ, and the device the fits ran on."""
+    import platform  # noqa: PLC0415
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    import jax  # noqa: PLC0415
+
+    def installed(package):
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "not installed"
+
+    device = jax.devices()[0]
+    kind = getattr(device, "device_kind", "") or device.platform
+    if device.platform == "cpu":
+        kind = f"{_cpu_model() or platform.machine()}, {os.cpu_count()} cores"
+    return {"gpzoo": installed("gpzoo"), "python": platform.python_version(), "jax": installed("jax"),
+            "numpyro": installed("numpyro"), "arviz": installed("arviz"), "device": f"{device.platform}: {kind}",
+            "num_devices": jax.device_count()}
+
+
+def _cpu_model() -> str:
+    """The CPU's model name where the OS tells it (Linux), else ""."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return ""
 
 
 def _dataset_facts(dataset, res: FitResult, X_test) -> dict:
     facts = {"name": getattr(dataset, "name", "") or "", "description": getattr(dataset, "description", "") or "",
              "task": res.spec.likelihood.task, "num_train": int(res.num_data), "num_test": int(np.shape(X_test)[0]),
              "num_features": int(res.X_train.shape[1])}
+    if dataset is not None:
+        facts["num_train_available"] = int(len(dataset.y_train))
+        facts["num_test_available"] = int(len(dataset.y_test))
     shape = getattr(dataset, "image_shape", None) or res.spec.image_shape
     facts["image_shape"] = list(shape) if shape else None
     return facts
@@ -220,45 +290,97 @@ def _inducing_patches_figure(res: FitResult):
 
 
 # ----------------------------------------------------------------------------- rebuild
+def _fail(path: Path, what: str) -> ReportError:
+    return ReportError(f"out_dir: {str(path)!r} is not a valid gpzoo report file: {what}")
+
+
+def _require(mapping, key: str, kind, path: Path, where: str = ""):
+    """``mapping[key]`` checked to be a ``kind``; a ReportError naming the key otherwise."""
+    label = f"{where}{key}"
+    if not isinstance(mapping, dict) or key not in mapping:
+        raise _fail(path, f"missing key {label!r}")
+    value = mapping[key]
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise _fail(path, f"{label!r} should be {names}, got {type(value).__name__}")
+    return value
+
+
+def _plain_file(directory: Path, name, path: Path, key: str) -> Path:
+    """``directory / name`` for a bare file name; names with a directory part, ``..`` or an absolute
+    path are refused (a report never reads outside its own folder)."""
+    if not isinstance(name, str) or not name or name in (".", "..") or Path(name).name != name or "\\" in name:
+        raise _fail(path, f"{key} entry {name!r} is not a plain file name inside the report directory")
+    return directory / name
+
+
 def load_report(out_dir) -> tuple[dict, dict[str, xr.DataTree], dict[str, dict]]:
-    """(report.json, {name: DataTree}, {name: metrics}) of a report directory."""
+    """(report.json, {name: DataTree}, {name: metrics}) of a report directory.
+
+    Every entry is checked before use: missing keys and wrong types are a :class:`ReportError`
+    naming the key, and file entries must be plain names inside the directory.
+    """
     out = Path(out_dir)
+    info_path = out / "report.json"
     try:
-        info = json.loads((out / "report.json").read_text(encoding="utf-8"))
+        info = json.loads(info_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ReportError(f"out_dir: {str(out)!r} is not a gpzoo report directory (no report.json)") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ReportError(f"out_dir: cannot read {str(out / 'report.json')!r} ({exc})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ReportError(f"out_dir: cannot read {str(info_path)!r} ({exc})") from None
+    if not isinstance(info, dict):
+        raise _fail(info_path, f"expected a JSON object, got {type(info).__name__}")
+    models = _require(info, "models", list, info_path)
+    files = _require(info, "files", dict, info_path)
+    dataset = _require(info, "dataset", dict, info_path)
+    for key, kind in (("task", str), ("num_train", int), ("num_test", int), ("num_features", int)):
+        _require(dataset, key, kind, info_path, "dataset.")
+    if not models:
+        raise _fail(info_path, "'models' is empty")
+    for name, figures in _require(info, "static_figures", dict, info_path).items() if "static_figures" in info else ():
+        for file in figures if isinstance(figures, list) else [figures]:
+            _plain_file(out / "figures", file, info_path, f"static_figures[{name!r}]")
     trees, metrics = {}, {}
-    for name in info["models"]:
-        stem = info["files"][name]
+    for name in models:
+        if not isinstance(name, str):
+            raise _fail(info_path, f"model names should be strings, got {name!r}")
+        stem = _require(files, name, str, info_path, "files.")
+        nc = _plain_file(out / "models", f"{stem}.nc", info_path, f"files[{name!r}]")
+        meta_path = _plain_file(out / "models", f"{stem}.json", info_path, f"files[{name!r}]")
         try:
-            trees[name] = read_datatree(out / "models" / f"{stem}.nc")
-            metrics[name] = json.loads((out / "models" / f"{stem}.json").read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError, ValueError) as exc:
+            trees[name] = read_datatree(nc)
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
             raise ReportError(f"out_dir: model {name!r} is missing or unreadable in {str(out / 'models')!r} ({exc})") from None
+        elbo = _require(meta, "elbo", dict, meta_path)
+        for key in ("elbo", "elbo_se", "num_data"):
+            _require(elbo, key, (int, float), meta_path, "elbo.")
+        fit = _require(meta, "fit", dict, meta_path)
+        for key in ("steps", "seconds"):
+            _require(fit, key, (int, float), meta_path, "fit.")
+        metrics[name] = meta
     return info, trees, metrics
 
 
 def rebuild_report(out_dir) -> Path:
     """Regenerate comparison.csv, the figures, report.md and report.html from ``out_dir/models``."""
-    from gpzoo.analysis.compare import compare_loo, elbo_table, ranking_disagreements  # noqa: PLC0415 - JAX-heavy
+    from gpzoo.analysis.compare import compare_heldout, compare_loo, elbo_table, heldout_reversals  # noqa: PLC0415
 
     out = Path(out_dir)
     info, trees, metrics = load_report(out)
     _prepare_dir(out)
     elbo = elbo_table({name: m["elbo"] for name, m in metrics.items()})
     loo = compare_loo(trees)
+    heldout = compare_heldout(trees)
     test = {name: heldout_metrics(dt) for name, dt in trees.items()}
-    disagreements = ranking_disagreements(elbo, loo)
-    warnings_ = _loo_reliability(loo, {name: int(dt.attrs.get("num_train", 0)) for name, dt in trees.items()})
-    table = comparison_table(elbo, loo, test, metrics)
+    table = comparison_table(elbo, loo, test, metrics, heldout)
     table.to_csv(out / "comparison.csv", float_format="%.10g")
-
-    figures = _write_figures(out, info, trees, loo)
-    parameters = _parameter_tables(metrics)
-    _write_text(out / "report.md", _markdown(info, table, disagreements, warnings_, figures, parameters))
-    _write_text(out / "report.html", _html(info, table, disagreements, warnings_, figures, out, parameters))
+    page = Page(info=info, table=table, reversals=heldout_reversals(elbo, trees),
+                loo=_loo_diagnostic(loo, elbo, {name: int(dt.attrs.get("num_train", 0)) for name, dt in trees.items()}),
+                figures=_write_figures(out, info, trees, loo, heldout), parameters=_parameter_tables(metrics),
+                hyperparameters=hyperparameter_table(metrics), metrics=metrics)
+    _write_text(out / "report.md", _markdown(page))
+    _write_text(out / "report.html", _html(page, out))
     return out / "report.html"
 
 
@@ -291,13 +413,20 @@ def heldout_metrics(dt: xr.DataTree) -> dict[str, float]:
     return {k: float(v) for k, v in scores.items()}
 
 
-def comparison_table(elbo: pd.DataFrame, loo: pd.DataFrame, test: Mapping[str, Mapping], metrics: Mapping[str, Mapping]) -> pd.DataFrame:
-    """One row per model in ELBO order: ELBO columns, PSIS-LOO columns (``loo_`` prefix), test metrics."""
+def comparison_table(elbo: pd.DataFrame, loo: pd.DataFrame, test: Mapping[str, Mapping], metrics: Mapping[str, Mapping],
+                     heldout: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per model in ELBO order: ELBO columns, held-out elpd (``*_test``, paired ``d_elpd_test_se``),
+    PSIS-LOO columns (``loo``), test metrics (``test_``), fit time and steps."""
     table = elbo.rename(columns={"rank": "rank_elbo"}).drop(columns=["num_samples"], errors="ignore")
+    if heldout is not None:
+        table = table.join(heldout[["rank", "elpd", "se", "elpd_diff", "dse"]].rename(columns={
+            "rank": "rank_test", "elpd": "elpd_test", "se": "elpd_test_se", "elpd_diff": "d_elpd_test", "dse": "d_elpd_test_se"}))
     loo_cols = {"rank": "rank_loo", "elpd": "elpd_loo", "se": "elpd_loo_se", "p": "p_loo", "elpd_diff": "d_elpd_loo",
                 "dse": "d_elpd_loo_se", "weight": "loo_weight", "pareto_k_max": "pareto_k_max", "num_bad_k": "num_bad_k",
-                "good_k": "good_k", "elpd_test": "elpd_test", "elpd_test_se": "elpd_test_se"}
-    table = table.join(loo[list(loo_cols)].rename(columns=loo_cols))
+                "good_k": "good_k"}
+    if heldout is None:
+        loo_cols |= {"elpd_test": "elpd_test", "elpd_test_se": "elpd_test_se"}
+    table = table.join(loo[[c for c in loo_cols if c in loo.columns]].rename(columns=loo_cols))
     tests = pd.DataFrame.from_dict({k: dict(v) for k, v in test.items()}, orient="index").add_prefix("test_")
     table = table.join(tests)
     table["fit_seconds"] = [metrics[m]["fit"]["seconds"] for m in table.index]
@@ -306,32 +435,60 @@ def comparison_table(elbo: pd.DataFrame, loo: pd.DataFrame, test: Mapping[str, M
     return table
 
 
+def hyperparameter_table(metrics: Mapping[str, Mapping]) -> pd.DataFrame:
+    """Long table (model, hyperparameter, role, value) of every model's kernel and likelihood
+    hyperparameters: type-II estimates, medians of sampled ones, and fixed values."""
+    rows = []
+    for model, m in metrics.items():
+        for p in m.get("parameters") or []:
+            if p.get("role") in ("type-II", "sampled", "fixed"):
+                rows.append({"model": model, "hyperparameter": p["name"], "role": p["role"], "value": p.get("value", "")})
+    return pd.DataFrame(rows, columns=["model", "hyperparameter", "role", "value"])
+
+
 # ----------------------------------------------------------------------------- figures
-def _write_figures(out: Path, info: dict, trees: Mapping[str, xr.DataTree], loo: pd.DataFrame) -> list[dict]:
-    """Draw and save every figure; returns [{file, title, model}] in report order."""
+def _write_figures(out: Path, info: dict, trees: Mapping[str, xr.DataTree], loo: pd.DataFrame,
+                   heldout: pd.DataFrame) -> list[dict]:
+    """Draw and save every figure; returns [{file, title, model, section}] in report order."""
     from gpzoo.analysis.compare import elbo_traces_figure  # noqa: PLC0415 - JAX-heavy
 
     figures_dir = out / "figures"
     written = []
 
-    def add(fig, stem: str, title: str, model: str | None = None):
+    def add(fig, stem: str, title: str, model: str | None = None, section: str = "figures"):
         path = _save_figure(fig, figures_dir / f"{stem}.png")
-        written.append({"file": f"figures/{path.name}", "title": title, "model": model})
+        written.append({"file": f"figures/{path.name}", "title": title, "model": model, "section": section})
 
-    add(elbo_traces_figure(trees), "elbo_traces", "ELBO per datum during optimisation")
+    if len(heldout) > 1:
+        add(comparison_figure(heldout, "held-out elpd (test points)"), "compare_heldout",
+            "Held-out elpd relative to the best model, ± paired standard error (az.plot_compare)", section="ranking")
+    add(elbo_traces_figure(trees), "elbo_traces", "ELBO per datum during optimisation", section="ranking")
     if len(loo) > 1:
-        import arviz_plots  # noqa: PLC0415 - heavy, only for figures
-
-        collection = arviz_plots.plot_compare(loo, backend="matplotlib")
-        add(collection.get_viz("figure"), "compare_loo", "PSIS-LOO comparison (az.plot_compare)")
+        add(comparison_figure(loo, "PSIS-LOO elpd (training points)"), "compare_loo",
+            "PSIS-LOO comparison (az.plot_compare); see the Pareto k diagnostics", section="loo")
     for name, dt in trees.items():
         stem = info["files"][name]
         for fig, kind, title in _model_figures(dt):
             add(fig, f"{kind}_{stem}", f"{name}: {title}", name)
         for file in info.get("static_figures", {}).get(name, []):
             if (figures_dir / file).exists():
-                written.append({"file": f"figures/{file}", "title": f"{name}: inducing patches", "model": name})
+                written.append({"file": f"figures/{file}", "title": f"{name}: inducing patches", "model": name,
+                                "section": "figures"})
     return written
+
+
+def comparison_figure(table: pd.DataFrame, label: str):
+    """``az.plot_compare`` of an ``az.compare``-style table, sized so its text stays legible at 100 %."""
+    import arviz_plots  # noqa: PLC0415 - heavy, only for figures
+
+    height = 1.0 + 0.45 * len(table)
+    collection = arviz_plots.plot_compare(table, backend="matplotlib", figure_kwargs={"figsize": (6.0, height)})
+    fig = collection.get_viz("figure")
+    fig = getattr(fig, "item", lambda: fig)() if not hasattr(fig, "savefig") else fig
+    for ax in fig.axes:
+        ax.set_xlabel(f"Δ {label}", fontsize=10)
+        ax.tick_params(labelsize=10)
+    return fig
 
 
 def _model_figures(dt: xr.DataTree):
@@ -353,66 +510,108 @@ def _model_figures(dt: xr.DataTree):
         yield calibration.ppc_pit_figure(heldout, var_name="y"), "pit", "posterior-predictive PIT on the test set (az.plot_ppc_pit)"
 
 
-# ----------------------------------------------------------------------------- writers
-_SUMMARY_COLUMNS = ["rank_elbo", "elbo", "elbo_se", "d_elbo", "elbo_per_datum", "rank_loo", "elpd_loo", "elpd_loo_se",
-                    "d_elpd_loo", "p_loo", "pareto_k_max", "num_bad_k", "elpd_test"]
+# ----------------------------------------------------------------------------- page content
+@dataclasses.dataclass
+class Page:
+    """Everything the Markdown and HTML pages show, computed once."""
+
+    info: dict
+    table: pd.DataFrame
+    reversals: list
+    loo: dict
+    figures: list[dict]
+    parameters: dict
+    hyperparameters: pd.DataFrame
+    metrics: Mapping[str, Mapping]
+
+    @property
+    def title(self) -> str:
+        return f"gpzoo model comparison — {self.info['dataset'].get('name') or 'report'}"
+
+
+#: Columns of the ranking table (CSV names); a printed summary shows the same.
+_RANKING = {"elbo": "ELBO ± s.e.", "d_elbo": "ΔELBO", "d_elpd_test": "held-out Δelpd ± s.e.", "test_accuracy": "accuracy",
+            "test_rmse": "RMSE", "test_nll": "NLL", "test_ece": "ECE", "test_crps": "CRPS", "fit_seconds": "fit time (s)"}
 
 
 def summary_columns(table: pd.DataFrame) -> list[str]:
-    """The columns a printed summary shows: rankings, Pareto k, and the main test metrics."""
-    tests = [c for c in ("test_accuracy", "test_nll", "test_ece", "test_rmse") if c in table.columns]
-    return [c for c in _SUMMARY_COLUMNS if c in table.columns] + tests + ["fit_seconds"]
+    """The columns of the ranking table, as ``comparison.csv`` names them (the CLI prints these)."""
+    columns = ["elbo", "elbo_se", "d_elbo", "d_elpd_test", "d_elpd_test_se"]
+    metrics = [c for c in ("test_accuracy", "test_rmse", "test_nll", "test_ece") if c in table.columns]
+    if "test_crps" in table.columns and "test_nll" not in table.columns:
+        metrics.append("test_crps")
+    return [c for c in columns if c in table.columns] + metrics + ["fit_seconds"]
+
+
+def ranking_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The first-screen table: one row per model (ELBO order), few columns, values as text."""
+    rows = {}
+    for name, row in table.iterrows():
+        cells = {}
+        for column in summary_columns(table):
+            if column.endswith("_se") or column not in _RANKING:
+                continue
+            value = row[column]
+            if column == "elbo":
+                cells[_RANKING[column]] = f"{_fmt(value)} ± {_fmt(row['elbo_se'])}"
+            elif column == "d_elpd_test":
+                cells[_RANKING[column]] = f"{_fmt(value)} ± {_fmt(row['d_elpd_test_se'])}"
+            elif column == "fit_seconds":
+                cells[_RANKING[column]] = f"{value:.1f}" if np.isfinite(value) else "–"
+            else:
+                cells[_RANKING[column]] = _fmt(value)
+        rows[name] = cells
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    out.index.name = "model"
+    return out
 
 
 def _fmt(value) -> str:
     if isinstance(value, (float, np.floating)):
         if math.isnan(value):
             return "–"
+        if value == 0:
+            return "0"
         return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.4e}"
     return str(value)
 
 
-def _markdown_table(table: pd.DataFrame) -> str:
-    header = ["model", *table.columns]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for name, row in table.iterrows():
-        lines.append("| " + " | ".join([str(name), *(_fmt(v) for v in row.values)]) + " |")
-    return "\n".join(lines)
+def verdict(reversals) -> tuple[str, list[str], str]:
+    """(headline, one sentence per reversal, kind ``agree``/``noise``/``disagree``) of the ELBO-vs-held-out check."""
+    if not reversals:
+        return "The ELBO and the held-out elpd rank the models in the same order.", [], "agree"
+    significant = [r for r in reversals if r.significant]
+    if not significant:
+        return ("The ELBO and the held-out elpd order some models differently, each time within two paired standard "
+                "errors: the test set cannot tell those models apart.", [r.sentence() for r in reversals], "noise")
+    return ("The ELBO and the held-out elpd disagree on the ranking: the held-out data prefer a model the ELBO ranks "
+            "lower by more than two paired standard errors.", [r.sentence() for r in significant], "disagree")
 
 
-def _loo_reliability(loo: pd.DataFrame, num_train: Mapping[str, int]) -> str:
-    """A sentence naming the models whose PSIS-LOO has points with Pareto k above ``good_k`` ("" if none)."""
+def _loo_diagnostic(loo: pd.DataFrame, elbo: pd.DataFrame, num_train: Mapping[str, int]) -> dict:
+    """PSIS-LOO as a diagnostic: a table, which models it is reliable for, and a ranking claim only
+    where every model's Pareto k is below ArviZ's threshold."""
+    from gpzoo.analysis.compare import ranking_disagreements  # noqa: PLC0415
+
     flagged = [f"{name} ({int(row['num_bad_k'])} of {num_train.get(name) or '?'} points with k > {row['good_k']:.2f})"
                for name, row in loo.sort_values("rank").iterrows() if row["num_bad_k"] > 0]
-    if not flagged:
-        return ""
-    return ("PSIS-LOO is unreliable for " + ", ".join(flagged)
-            + "; compare elpd_test (held-out log predictive density) as well.")
-
-
-def _verdict(disagreements: list[str]) -> str:
-    if not disagreements:
-        return "ELBO and PSIS-LOO rank the models in the same order."
-    return "ELBO and PSIS-LOO disagree on the ranking: " + "; ".join(disagreements) + "."
-
-
-def _dataset_line(info: dict) -> str:
-    d = info["dataset"]
-    name = d.get("name") or "(unnamed data)"
-    shape = f", images {tuple(d['image_shape'])}" if d.get("image_shape") else ""
-    text = f"{name}: {d['task']}, {d['num_train']} training / {d['num_test']} test points, {d['num_features']} features{shape}"
-    return text + (f". {d['description']}" if d.get("description") else "")
-
-
-_NOTES = (
-    "ELBO: full-data evidence lower bound (van der Wilk et al. 2017, eq. 5) ± Monte Carlo standard error (0 when analytic); "
-    "d_elbo is the gap to the best model. PSIS-LOO: leave-one-out elpd of the training points from "
-    "draws u ~ q(u) importance-weighted to p(u | y) (az.loo_approximate_posterior); Pareto k above good_k "
-    "marks unreliable points; many high k are usual for sparse GPs, because q(u) maximises the ELBO, "
-    "whose per-point terms E log p(y|f) are tighter than the target's log E p(y|f), so q is narrower than "
-    "p(u | y) — then trust elpd_test, the held-out log predictive density, more. test_*: metrics of the "
-    "analytic predictive on the test set."
-)
+    shown = pd.DataFrame({
+        "elpd_loo ± s.e.": [f"{_fmt(r['elpd'])} ± {_fmt(r['se'])}" for _, r in loo.iterrows()],
+        "p_loo": [_fmt(r["p"]) for _, r in loo.iterrows()],
+        "max Pareto k": [_fmt(r["pareto_k_max"]) for _, r in loo.iterrows()],
+        "points with k > good_k": [str(int(r["num_bad_k"])) for _, r in loo.iterrows()],
+    }, index=loo.index)
+    if flagged:
+        sentence = ("PSIS-LOO is unreliable for " + ", ".join(flagged) + ", so it claims no ranking; "
+                    "the held-out elpd above is the predictive check.")
+    elif len(loo) > 1:
+        disagreements = ranking_disagreements(elbo, loo)
+        sentence = ("Pareto k is below the threshold for every point of every model. "
+                    + ("PSIS-LOO ranks the models as the ELBO does." if not disagreements
+                       else "PSIS-LOO orders models differently from the ELBO: " + "; ".join(disagreements) + "."))
+    else:
+        sentence = "Pareto k is below the threshold for every point."
+    return {"table": shown, "sentence": sentence, "reliable": not flagged}
 
 
 def _parameter_tables(metrics: Mapping[str, Mapping]) -> dict[str, tuple[str, pd.DataFrame]]:
@@ -426,94 +625,181 @@ def _parameter_tables(metrics: Mapping[str, Mapping]) -> dict[str, tuple[str, pd
     return tables
 
 
-def _markdown(info: dict, table: pd.DataFrame, disagreements: list[str], loo_warning: str, figures: list[dict],
-              parameters: Mapping[str, tuple[str, pd.DataFrame]] | None = None) -> str:
-    parts = [
-        f"# gpzoo model comparison — {info['dataset'].get('name') or 'report'}",
-        "",
-        f"Data: {_dataset_line(info)}",
-        "",
-        f"**{_verdict(disagreements)}**",
-        "",
-        *([loo_warning, ""] if loo_warning else []),
-        "## Summary",
-        "",
-        _markdown_table(table[summary_columns(table)]),
-        "",
-        _NOTES,
-        "",
-        "Full table: [comparison.csv](comparison.csv).",
-        "",
-    ]
-    if parameters:
-        parts += ["## Parameters", ""]
-        for header, df in parameters.values():
-            parts += [f"**{header}**", "", _markdown_table(df), ""]
+def _common(values) -> str:
+    """One value shared by every model, or "per model"."""
+    distinct = {(_fmt(v) if isinstance(v, float) else str(v)) for v in values}
+    return distinct.pop() if len(distinct) == 1 else "per model"
+
+
+def data_line(info: dict) -> str:
+    """The data actually used: name, task, training/test points (of how many available), inputs."""
+    d = info["dataset"]
+    name = d.get("name") or "(unnamed data)"
+    task = {"binary": "binary classification", "multiclass": "multi-class classification"}.get(d["task"], d["task"])
+
+    def used(key):
+        available = d.get(f"{key}_available")
+        count = f"{d[key]:,}"
+        return f"{count} of {available:,}" if available and available != d[key] else count
+
+    shape = f" ({'×'.join(str(n) for n in d['image_shape'])} images)" if d.get("image_shape") else ""
+    return (f"{name}, {task}: {used('num_train')} training and {used('num_test')} test points, "
+            f"{d['num_features']:,} input features{shape}.")
+
+
+def settings_line(info: dict, metrics: Mapping[str, Mapping]) -> str:
+    """Optimisation and report settings, stated once when every model shares them."""
+    fits = [m["fit"] for m in metrics.values()]
+    s = info.get("settings", {})
+    parts = [f"{_common(f['steps'] for f in fits)} steps",
+             f"batch size {_common(f.get('batch_size') for f in fits)}",
+             f"learning rate {_common(f.get('learning_rate', math.nan) for f in fits)}",
+             f"M = {_common(f.get('num_inducing') for f in fits)} inducing variables",
+             f"seed {_common(f.get('seed') for f in fits)}"]
+    if s:
+        parts.append(f"{s.get('num_draws', '?')} posterior draws per model, ELBO from {s.get('num_elbo_samples', '?')} "
+                     "Monte Carlo samples where it is not analytic")
+    return "Settings: " + ", ".join(parts) + "."
+
+
+def environment_line(info: dict) -> str:
+    env = info.get("environment")
+    if not env:
+        return f"Created {info.get('created', '')}."
+    return (f"gpzoo {env.get('gpzoo')}, JAX {env.get('jax')}, NumPyro {env.get('numpyro')}, ArviZ {env.get('arviz')}, "
+            f"Python {env.get('python')}; device {env.get('device')}; created {info.get('created', '')}.")
+
+
+_NOTES = (
+    "ELBO: full-data evidence lower bound (van der Wilk et al. 2017, eq. 5) ± its Monte Carlo standard error "
+    "(0 when analytic); ΔELBO is the gap to the best model. Held-out Δelpd: the best held-out log predictive "
+    "density minus each model's, summed over the test points, ± the paired standard error of that difference. "
+    "Accuracy, RMSE, NLL (mean negative log predictive density) and ECE (expected calibration error) are computed "
+    "on the test set from the analytic predictive."
+)
+
+
+def _markdown_table(table: pd.DataFrame, index: str = "model") -> str:
+    header = [index, *table.columns]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, row in table.iterrows():
+        lines.append("| " + " | ".join([str(name), *(_fmt(v) for v in row.values)]) + " |")
+    return "\n".join(lines)
+
+
+def _markdown(page: Page) -> str:
+    headline, items, _ = verdict(page.reversals)
+    parts = [f"# {page.title}", "", data_line(page.info), "", settings_line(page.info, page.metrics), "",
+             environment_line(page.info), "", "## Ranking", "", f"**{headline}**", ""]
+    parts += [f"- {item}" for item in items] + ([""] if items else [])
+    parts += [_markdown_table(ranking_table(page.table)), "", _NOTES, ""]
+    if not page.hyperparameters.empty:
+        parts += ["## Hyperparameters", "", _markdown_table(page.hyperparameters.set_index("model")), ""]
+    parts += ["## Diagnostic: PSIS-LOO", "", page.loo["sentence"], "", _markdown_table(page.loo["table"]), ""]
     parts += ["## Figures", ""]
-    for fig in figures:
+    for fig in page.figures:
         parts += [f"### {fig['title']}", "", f"![{fig['title']}]({fig['file']})", ""]
+    parts += ["## All metrics", "", "Every column, one row per model: [comparison.csv](comparison.csv).", ""]
+    if page.parameters:
+        parts += ["## Parameters", ""]
+        for header, df in page.parameters.values():
+            parts += [f"**{header}**", "", _markdown_table(df, "name"), ""]
     return "\n".join(parts)
 
 
 _CSS = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
-table { border-collapse: collapse; font-size: 0.85em; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: right; }
-th:first-child, td:first-child { text-align: left; }
-.verdict { padding: 0.6em 1em; background: #eef5ff; border-left: 4px solid #3b7dd8; }
+* { box-sizing: border-box; }
+body { font-family: system-ui, sans-serif; margin: 0 auto; padding: 1.2em; max-width: 1200px; color: #222; line-height: 1.4; }
+h1 { font-size: 1.5em; margin: 0.2em 0 0.4em; }
+h2 { font-size: 1.2em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+.meta { margin: 0.15em 0; color: #444; font-size: 0.92em; }
+table { border-collapse: collapse; font-size: 0.88em; max-width: 100%; margin: 0.5em 0; }
+table.fixed { table-layout: fixed; width: 100%; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: right; overflow-wrap: anywhere; }
+th:first-child, td:first-child, table.text th, table.text td { text-align: left; }
+thead th { background: #f4f6f8; }
+.verdict { padding: 0.6em 1em; margin: 0.6em 0; background: #eef7ee; border-left: 4px solid #3a9a3a; }
+.verdict.noise { background: #eef5ff; border-left-color: #3b7dd8; }
 .verdict.disagree { background: #fff4e5; border-left-color: #e08a00; }
-figure { display: inline-block; margin: 0.5em; vertical-align: top; }
-figure img { max-width: 520px; border: 1px solid #ddd; }
-figcaption { font-size: 0.85em; max-width: 520px; }
+.verdict ul { margin: 0.4em 0 0; }
+.notes { font-size: 0.85em; color: #555; }
+.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(min(100%, 460px), 1fr)); gap: 1em; align-items: start; }
+figure { margin: 0; }
+figure img { max-width: 100%; height: auto; border: 1px solid #ddd; }
+figcaption { font-size: 0.85em; color: #444; }
+details { margin: 0.8em 0; }
+summary { cursor: pointer; font-weight: 600; }
 """.strip()
 
 
-def _html(info: dict, table: pd.DataFrame, disagreements: list[str], loo_warning: str, figures: list[dict], out: Path,
-          parameters: Mapping[str, tuple[str, pd.DataFrame]] | None = None) -> str:
-    title = f"gpzoo model comparison — {info['dataset'].get('name') or 'report'}"
-    summary = table[summary_columns(table)].map(_fmt).to_html(escape=True, border=0)
-    full = table.map(_fmt).to_html(escape=True, border=0)
-    verdict_class = "verdict disagree" if disagreements else "verdict"
-    items = ""
-    if disagreements:
-        items = "<ul>" + "".join(f"<li>{html.escape(d)}</li>" for d in disagreements) + "</ul>"
-    figure_html = []
+def _table_html(df: pd.DataFrame, *, fixed: bool = False, text: bool = False) -> str:
+    """An HTML table with the index as its first column (one header row); ``fixed`` spreads it over
+    the page width (long cells wrap), ``text`` left-aligns every cell."""
+    classes = [c for c, on in (("fixed", fixed), ("text", text)) if on]
+    if df.index.name is not None or not isinstance(df.index, pd.RangeIndex):
+        df = df.reset_index(names=df.index.name or "")
+    return df.to_html(escape=True, border=0, classes=classes, index=False)
+
+
+def _figures_html(figures: list[dict], out: Path) -> str:
+    items = []
     for fig in figures:
         data = base64.b64encode((out / fig["file"]).read_bytes()).decode("ascii")
         caption = html.escape(fig["title"])
-        figure_html.append(
-            f'<figure><a href="{html.escape(fig["file"])}"><img src="data:image/png;base64,{data}" alt="{caption}"></a>'
-            f"<figcaption>{caption}</figcaption></figure>"
-        )
-    settings = html.escape(json.dumps(info.get("settings", {})))
-    parameter_html = "".join(f"<h3>{html.escape(header)}</h3>\n{df.to_html(escape=True, border=0)}"
-                             for header, df in (parameters or {}).values())
-    if parameter_html:
-        parameter_html = "<h2>Parameters</h2>\n<p>Every hyperparameter and variational parameter (FitResult.summary()).</p>\n" + parameter_html
+        items.append(f'<figure><a href="{html.escape(fig["file"])}"><img src="data:image/png;base64,{data}" alt="{caption}"></a>'
+                     f"<figcaption>{caption}</figcaption></figure>")
+    return f'<div class="grid">{"".join(items)}</div>' if items else ""
+
+
+def _html(page: Page, out: Path) -> str:
+    headline, items, kind = verdict(page.reversals)
+    reversal_list = "<ul>" + "".join(f"<li>{html.escape(i)}</li>" for i in items) + "</ul>" if items else ""
+    by_section = {section: [f for f in page.figures if f.get("section", "figures") == section]
+                  for section in ("ranking", "loo", "figures")}
+    hyper = ""
+    if not page.hyperparameters.empty:
+        hyper = ("<h2>Hyperparameters</h2>\n<p class=\"notes\">Kernel and likelihood hyperparameters: type-II point "
+                 "estimates, medians of sampled ones, fixed values.</p>\n"
+                 + _table_html(page.hyperparameters, text=True))
+    full = page.table.T.map(_fmt)
+    full.columns.name = None
+    parameters = "".join(f"<details><summary>{html.escape(header)}</summary>\n{_table_html(df, fixed=True, text=True)}</details>\n"
+                         for header, df in page.parameters.values())
+    if parameters:
+        parameters = ("<h2>Parameters</h2>\n<p class=\"notes\">Every hyperparameter and variational parameter "
+                      "(FitResult.summary()).</p>\n" + parameters)
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
-<title>{html.escape(title)}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{html.escape(page.title)}</title>
 <style>
 {_CSS}
 </style>
 </head>
 <body>
-<h1>{html.escape(title)}</h1>
-<p>Data: {html.escape(_dataset_line(info))}</p>
-<p>Settings: {settings}; created {html.escape(info.get('created', ''))}.</p>
-<div class="{verdict_class}"><strong>{html.escape(_verdict(disagreements) if not disagreements else 'ELBO and PSIS-LOO disagree on the ranking.')}</strong>{items}</div>
-{f'<p>{html.escape(loo_warning)}</p>' if loo_warning else ''}
-<h2>Summary</h2>
-{summary}
-<p>{html.escape(_NOTES)}</p>
-<h2>Full comparison</h2>
-<p>Also in <a href="comparison.csv">comparison.csv</a>.</p>
-{full}
-{parameter_html}
-<h2>Figures</h2>
-{''.join(figure_html)}
+<h1>{html.escape(page.title)}</h1>
+<p class="meta">{html.escape(data_line(page.info))}</p>
+<p class="meta">{html.escape(settings_line(page.info, page.metrics))}</p>
+<p class="meta">{html.escape(environment_line(page.info))}</p>
+<h2>Ranking</h2>
+<div class="verdict {kind}"><strong>{html.escape(headline)}</strong>{reversal_list}</div>
+{_table_html(ranking_table(page.table))}
+<p class="notes">{html.escape(_NOTES)}</p>
+{hyper}
+{_figures_html(by_section["ranking"], out)}
+<h2>Diagnostic: PSIS-LOO</h2>
+<p>{html.escape(page.loo["sentence"])}</p>
+{_table_html(page.loo["table"])}
+{_figures_html(by_section["loo"], out)}
+<h2>Calibration and inducing patches</h2>
+{_figures_html(by_section["figures"], out)}
+<h2>All metrics</h2>
+<details><summary>Every column of <a href="comparison.csv">comparison.csv</a>, one column per model</summary>
+{_table_html(full, fixed=True)}
+</details>
+{parameters}
 </body>
 </html>
 """

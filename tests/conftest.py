@@ -23,3 +23,21 @@ def float32():
         yield
     finally:
         jax.config.update("jax_enable_x64", previous)
+
+
+#: `gpzoo compare` options that keep a CLI run tiny (seconds per model).
+TINY_CLI = ["--steps", "8", "--batch-size", "20", "--num-train", "40", "--num-test", "30", "--num-inducing", "6",
+            "--num-draws", "40", "--quiet"]
+
+
+@pytest.fixture(scope="session")
+def compared_report(tmp_path_factory):
+    """`gpzoo compare` on 40 rectangles with svgp-rbf and conv: (exit code, report directory, models).
+    Shared by the CLI and browser tests (one run per test worker)."""
+    from gpzoo.analysis.cli import main  # noqa: PLC0415
+    from gpzoo.models import zoo  # noqa: PLC0415
+
+    out = tmp_path_factory.mktemp("report") / "rectangles"
+    models = ["svgp-rbf"] + [m for m in ("conv",) if m in zoo.names()]
+    code = main(["compare", "--data", "rectangles", "--models", ",".join(models), "--out", str(out), *TINY_CLI])
+    return code, out, models

@@ -18,8 +18,7 @@ from gpzoo.models import zoo
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["--steps", "8", "--batch-size", "20", "--num-train", "40", "--num-test", "30", "--num-inducing", "6",
-        "--num-draws", "40", "--quiet"]
+from conftest import TINY_CLI as TINY
 
 
 class _Links(HTMLParser):
@@ -43,13 +42,9 @@ def _run(argv, capsys):
     return code, out, err
 
 
-@pytest.fixture(scope="module")
-def compared(tmp_path_factory):
-    """`gpzoo compare` on 40 rectangles with a conv model (when the zoo has one) and svgp-rbf."""
-    out = tmp_path_factory.mktemp("report") / "rectangles"
-    models = ["svgp-rbf"] + [m for m in ("conv",) if m in zoo.names()]
-    code = main(["compare", "--data", "rectangles", "--models", ",".join(models), "--out", str(out), *TINY])
-    return code, out, models
+@pytest.fixture
+def compared(compared_report):
+    return compared_report
 
 
 def test_list(capsys):
@@ -86,6 +81,30 @@ def test_html_is_self_contained_and_references_every_figure(compared):
     embedded = {base64.b64decode(src.split(",", 1)[1]) for src in parser.images}
     assert all(src.startswith("data:image/png;base64,") for src in parser.images)
     assert embedded == {(out / p).read_bytes() for p in pngs}
+
+
+def test_version(capsys):
+    import gpzoo  # noqa: PLC0415
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"gpzoo {gpzoo.__version__}"
+
+
+def test_report_states_data_settings_and_versions(compared):
+    import json  # noqa: PLC0415
+    from importlib.metadata import version  # noqa: PLC0415
+
+    _, out, models = compared
+    info = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    env = info["environment"]
+    assert {env[k] for k in ("gpzoo", "jax", "numpyro", "arviz")} == {version(k) for k in ("gpzoo", "jax", "numpyro", "arviz")}
+    assert env["device"].startswith("cpu")
+    md = (out / "report.md").read_text(encoding="utf-8")
+    assert "rectangles, binary classification: 40 training and 30 test points, 784 input features (28×28 images)." in md
+    assert "Settings: 8 steps, batch size 20, learning rate 0.05, M = 6 inducing variables, seed 0" in md
+    assert f"gpzoo {env['gpzoo']}, JAX {env['jax']}, NumPyro {env['numpyro']}, ArviZ {env['arviz']}" in md
 
 
 def test_report_rebuilds_the_same_tables(compared, capsys):
@@ -263,3 +282,34 @@ def test_save_models_is_on_unless_turned_off(tmp_path):
     base = ["--data", "two-moons", "--out", str(tmp_path)]
     assert build_parser().parse_args(["fit", "--model", "svgp-rbf", *base]).save_models
     assert not build_parser().parse_args(["compare", "--no-save-models", *base]).save_models
+
+
+@pytest.mark.parametrize("corrupt, named", [
+    (lambda info: info.pop("dataset"), "'dataset'"),
+    (lambda info: info["dataset"].update(num_train="many"), "'dataset.num_train'"),
+    (lambda info: info.update(models="svgp-rbf"), "'models'"),
+    (lambda info: info["files"].pop(info["models"][0]), "files."),
+    (lambda info: info["files"].update({info["models"][0]: "../../outside"}), "not a plain file name"),
+    (lambda info: info["files"].update({info["models"][0]: "/etc/passwd"}), "not a plain file name"),
+    (lambda info: info.update(static_figures={"x": ["../secret.png"]}), "not a plain file name"),
+])
+def test_report_refuses_a_broken_or_escaping_report_json(compared, tmp_path, capsys, corrupt, named):
+    import json  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+
+    _, out, _ = compared
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    info = json.loads((copy / "report.json").read_text(encoding="utf-8"))
+    corrupt(info)
+    (copy / "report.json").write_text(json.dumps(info), encoding="utf-8")
+    line = _error(["report", str(copy)], capsys, 1)
+    assert named in line and "report.json" in line
+
+
+def test_model_names_never_share_a_report_file():
+    from gpzoo.analysis.report import unique_file_stems  # noqa: PLC0415
+
+    stems = unique_file_stems(["a/b", "a_b", "A_B", "a b", "ok"])
+    assert len(set(s.lower() for s in stems.values())) == 5
+    assert stems["ok"] == "ok" and stems["a/b"] == "a_b" and all("/" not in s for s in stems.values())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import html
 
 import arviz as az
 import numpy as np
@@ -119,4 +120,54 @@ def test_report_shows_parameter_tables_and_rebuilds_them(fits, tmp_path):
     assert "<h2>Parameters</h2>" in first and "kernel.lengthscale" in first and "q_sqrt" in first
     assert "## Parameters" in (tmp_path / "report.md").read_text(encoding="utf-8")
     (tmp_path / "report.html").unlink()
-    assert rebuild_report(tmp_path).read_text(encoding="utf-8").count("<h3>") == len(fits)
+    rebuilt = rebuild_report(tmp_path).read_text(encoding="utf-8")
+    assert all(rebuilt.count(f"<summary>{html.escape(res.header())}</summary>") == 1 for res in fits.values())
+
+
+def _heldout_tree(log_lik):
+    """A DataTree holding only ``predictions_log_likelihood`` ``[chain=1, draw, obs_id]``."""
+    import xarray as xr  # noqa: PLC0415
+
+    ds = xr.Dataset({"y": (("chain", "draw", "obs_id"), np.asarray(log_lik)[None])})
+    return xr.DataTree.from_dict({"predictions_log_likelihood": ds})
+
+
+def test_compare_heldout_uses_paired_standard_errors():
+    from gpzoo.analysis.compare import compare_heldout, heldout_pointwise, paired_heldout_difference  # noqa: PLC0415
+
+    rng = np.random.default_rng(0)
+    shared = rng.normal(-1.0, 1.0, 200)  # per-point difficulty both models see
+    a = shared[None] + 0.05 * rng.normal(size=(30, 200)) + 0.02
+    b = shared[None] + 0.05 * rng.normal(size=(30, 200))
+    trees = {"b": _heldout_tree(b), "a": _heldout_tree(a)}
+    table = compare_heldout(trees)
+    pa, pb = (np.log(np.mean(np.exp(x), axis=0)) for x in (a, b))
+    np.testing.assert_allclose(heldout_pointwise(trees["a"]), pa)
+    assert list(table.index) == ["a", "b"] and list(table["rank"]) == [0, 1]
+    np.testing.assert_allclose(table.loc["b", "elpd_diff"], pa.sum() - pb.sum())
+    np.testing.assert_allclose(table.loc["b", "dse"], np.sqrt(200) * np.std(pa - pb, ddof=1))
+    # the shared difficulty cancels in the paired SE, not in the unpaired one
+    assert table.loc["b", "dse"] < 0.1 * np.hypot(table.loc["a", "se"], table.loc["b", "se"])
+    d, se = paired_heldout_difference(trees, "a", "b")
+    assert d == pytest.approx(table.loc["b", "elpd_diff"]) and se == pytest.approx(table.loc["b", "dse"])
+    assert table.loc["a", "elpd_diff"] == 0 and table.loc["a", "dse"] == 0
+
+
+def test_verdict_separates_agreement_noise_and_disagreement():
+    from gpzoo.analysis.compare import Reversal, heldout_reversals  # noqa: PLC0415
+    from gpzoo.analysis.report import verdict  # noqa: PLC0415
+
+    rng = np.random.default_rng(1)
+    base = rng.normal(-1.0, 1.0, 300)
+    trees = {"a": _heldout_tree(base[None] + 0.2), "b": _heldout_tree(base[None] + 0.001 * rng.normal(size=(1, 300)))}
+    elbo = elbo_table({"a": {"elbo": -10.0, "elbo_se": 0.0, "num_data": 5}, "b": {"elbo": -20.0, "elbo_se": 0.0, "num_data": 5}})
+    assert heldout_reversals(elbo, trees) == []  # both prefer a
+    assert verdict([])[2] == "agree"
+    flipped = elbo_table({"a": {"elbo": -30.0, "elbo_se": 0.0, "num_data": 5}, "b": {"elbo": -20.0, "elbo_se": 0.0, "num_data": 5}})
+    (reversal,) = heldout_reversals(flipped, trees)
+    assert (reversal.elbo_prefers, reversal.other) == ("b", "a") and reversal.d_elbo == 10.0
+    assert reversal.d_heldout == pytest.approx(0.2 * 300, rel=0.01) and reversal.significant
+    headline, items, kind = verdict([reversal])
+    assert kind == "disagree" and "disagree" in headline and items == [reversal.sentence()]
+    noise = Reversal("b", "a", 10.0, 0.0, 1.0, 0.8, "held-out elpd")
+    assert not noise.significant and verdict([noise])[2] == "noise"
