@@ -125,6 +125,10 @@ class GramInitialisation:
         return int(np.shape(self.values["q_mu"])[-1])
 
 
+jax.tree_util.register_pytree_node(GramInitialisation, lambda init: ((init.values,), None),
+                                   lambda _, children: GramInitialisation(*children))
+
+
 @register_initialiser(INDUCING_KIND)
 def _init_gram(config, X, num_inducing, key, method):
     """The NNGP start on data X ``[N, D]`` (flattened images for conv): inducing inputs drawn from X."""
@@ -167,6 +171,7 @@ class DeepKernelMachine:
         self.spec, self.inducing, self.num_latent = spec, inducing, num_latent
         self.config: DKMConfig = spec.kernel
         self.num_groups = 1
+        self._checks = None  # the compiled test-mode checks (network_diagnostics)
 
     # ------------------------------------------------------------------ parameters
     def network_params(self) -> dict:
@@ -309,32 +314,33 @@ class DeepKernelMachine:
     def jitter_used(self, params) -> jax.Array:
         """The DKM never raises its jitter (a failed Cholesky is a :class:`NumericalError`): ``spec.jitter``.
 
-        Its jitters are relative (``DKMConfig.kernel_jitter``·mean diag K_ii, per layer) and are
-        recorded by :func:`fit_dkm` in ``diagnostics["gram_jitter"]``.
+        Its jitters are relative (``DKMConfig.kernel_jitter``·mean diag K_ii, per layer; the
+        model's ``jitter`` site holds the output layer's).
         """
         return jnp.asarray(self.spec.jitter)
 
     def check_analytic_kl(self) -> None:
         """The u-KL is the registered Gaussian pair (InducingPosterior, InducingPrior); the Gram terms are factors."""
 
-    def network_diagnostics(self, params, X) -> tuple[dict, dict]:
-        """Test-mode numerics at constrained ``params`` on X ``[B, D]``: the aux dict and cond(G_ℓ) per layer."""
-        network = unflatten_network({k: jnp.asarray(v) for k, v in params.items() if k.startswith(NETWORK_PREFIX + ".")},
-                                    self.config.num_layers)
-        _, _, _, aux, _ = self.network(network, jnp.asarray(X))
-        return aux, dkm.gram_condition_numbers(network)
+    def network_diagnostics(self, params, X) -> dict:
+        """Test-mode numerics at constrained ``params`` on X ``[B, D]`` (one compiled program per family)."""
+        if self._checks is None:
+            self._checks = jax.jit(lambda net, X: self.network(net, X)[3])
+        return self._checks(self._network_of(params), jnp.asarray(X))
 
+    def condition_numbers(self, params) -> dict[str, float]:
+        """cond(G_ℓ) = (σ_max(V_ℓ)/σ_min(V_ℓ))² of every Gram layer at constrained ``params`` (host SVD)."""
+        return dkm.gram_condition_numbers(self._network_of(params))
 
-def _network_summary(family: DeepKernelMachine, params, X) -> dict:
-    aux, condition = family.network_diagnostics(params, X)
-    return {"condition": condition, "jitter": {k: float(v) for k, v in aux["jitter"].items()}}
+    def _network_of(self, params) -> dict:
+        flat = {k: jnp.asarray(v) for k, v in params.items() if k.startswith(NETWORK_PREFIX + ".")}
+        return unflatten_network(flat, self.config.num_layers)
 
 
 def fit_dkm(spec, X, y, *, family_class, settings: FitSettings) -> FitResult:
     """Fit a DKM by SVI on its program (:func:`gpzoo.inference.svi.fit_svi`), with its diagnostics.
 
-    Adds ``diagnostics["gram_condition"] = {"start": {layer: cond G_ℓ}, "end": {...}}`` and the
-    per-layer jitters (``"gram_jitter"``). When the fit stops on a non-finite objective, the run
+    Adds ``diagnostics["gram_condition"] = {"start": {layer: cond G_ℓ}, "end": {...}}``. When the fit stops on a non-finite objective, the run
     is replayed to that step and the network's checks at its parameters raise a
     :class:`NumericalError` naming the layer, the stage and the step (the original
     ``TrainingError`` when none of them failed).
@@ -347,11 +353,8 @@ def fit_dkm(spec, X, y, *, family_class, settings: FitSettings) -> FitResult:
         _raise_located(spec, X, y, family_class, settings, error)
         raise
     family = res.family
-    rows = res.X_train[: min(len(res.X_train), 256)]
-    end = _network_summary(family, res.params, rows)
-    start = _network_summary(family, family.inducing.values, rows)
-    res.diagnostics["gram_condition"] = {"start": start["condition"], "end": end["condition"]}
-    res.diagnostics["gram_jitter"] = end["jitter"]
+    res.diagnostics["gram_condition"] = {"start": family.condition_numbers(family.inducing.values),
+                                         "end": family.condition_numbers(res.params)}
     return res
 
 
@@ -362,5 +365,4 @@ def _raise_located(spec, X, y, family_class, settings: FitSettings, error: Train
         res = fit_svi(spec, X, y, family_class=family_class, settings=replay)
     except TrainingError:
         return
-    aux, _ = res.family.network_diagnostics(res.params, res.X_train)
-    dkm.check_numerics(aux, step=int(error.step))
+    dkm.check_numerics(res.family.network_diagnostics(res.params, res.X_train), step=int(error.step))

@@ -13,6 +13,8 @@ import dataclasses
 import math
 from typing import Any
 
+import jax
+
 
 from gpzoo.models.errors import InvalidArgumentError, ShapeError, as_float_array
 from gpzoo.models.kernels.gram import GRAM_KERNELS
@@ -142,3 +144,16 @@ class DKMConfig:
     @property
     def input_inducing(self) -> int:
         return self.num_input_inducing or self.layers[0].num_inducing
+
+
+def _flatten_config(config: DKMConfig):
+    """A pytree whose only leaves are the likelihood's (its hyperparameters); the architecture is static."""
+    static = tuple((f.name, getattr(config, f.name)) for f in dataclasses.fields(config) if f.name != "likelihood")
+    return (config.likelihood,), static
+
+
+def _unflatten_config(static, children) -> DKMConfig:
+    return DKMConfig(likelihood=children[0], **dict(static))
+
+
+jax.tree_util.register_pytree_node(DKMConfig, _flatten_config, _unflatten_config)

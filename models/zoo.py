@@ -18,7 +18,7 @@ as soon as ``gpzoo.models.zoo`` is imported.
 from __future__ import annotations
 
 from gpzoo.models import kernels
-from gpzoo.models import zoo_convolutional, zoo_deep, zoo_invariant, zoo_pg, zoo_tick  # noqa: F401 - each registers its family
+from gpzoo.models import zoo_convolutional, zoo_deep, zoo_dkm, zoo_invariant, zoo_pg, zoo_tick  # noqa: F401 - each registers its family
 from gpzoo.models.errors import InvalidArgumentError
 from gpzoo.models.zoo_core import (
     DATASET_FACTS,

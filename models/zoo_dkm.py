@@ -19,8 +19,10 @@ Defaults: the paper's regularisers (§4.1: ν = 1e-3, SKR with γ = ceil(P_ℓ/4
 ``conv-dkm``; the arc-cosine (ReLU) kernel for ``dkm``, the NNGP of a ReLU network
 (a choice: the paper's fully connected experiments are in its predecessor). The KL form defaults
 to the symmetric second-order Taylor term (``"taylor_symmetric"``; the paper's eq. 8 is
-``"taylor_frobenius"``, see :func:`gpzoo.inference.dkm.gram_kl`). Depth 2 (``dkm``) and 4
-(``conv-dkm``) are CPU-sized choices, not the paper's (its CIFAR-10 network has 20 layers).
+``"taylor_frobenius"``, see :func:`gpzoo.inference.dkm.gram_kl`). Depth 2 is a CPU-sized
+choice, not the paper's (its CIFAR-10 network has 20 layers): for ``conv-dkm`` a stride-1 layer
+and a stride-2 layer averaged with the input Gram (through a strided 1×1 mix-up); ``depth=4``
+gives two layers per stage with a skip around each pair.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def _dkm(common: Common, depth: Depth = 2, widths: Widths = None, nu: Nu = 1e-3,
 
 @register("conv-dkm", "Convolutional deep kernel machine, a small ResNet-style stack with one stride-2 stage, SKR "
                       "(Milsom et al. 2024, Alg. 1)", num_inducing=16)
-def _conv_dkm(common: Common, depth: Depth = 4, widths: Widths = None, nu: Nu = 1e-3, skr: Skr = True,
+def _conv_dkm(common: Common, depth: Depth = 2, widths: Widths = None, nu: Nu = 1e-3, skr: Skr = True,
               skr_gamma: SkrGamma = None, skr_jitter: SkrJitter = 0.1, kl: KlForm = "taylor_symmetric",
               kernel: GramKernel = "normalised_gaussian", filter_shape: FilterShape = (3, 3), head: Head = "gap",
               batch_norm: BatchNorm = True) -> ModelSpec:

@@ -1,0 +1,103 @@
+"""The deep kernel machine as a zoo model: its NumPyro program is the DKM objective, its fit records
+cond(G_ℓ) and names numerical failures, its zoo options build the stated architecture.
+
+(The zoo contract — fit, predict, ELBO, DataTree, Predictive, Trace_ELBO, save/load — runs on
+``dkm`` and ``conv-dkm`` in tests/test_contract.py.) Sizes are tiny: each fit compiles once.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gpzoo.inference import build_family, dkm, fit
+from gpzoo.inference.dkm_family import INDUCING_KIND, GramInitialisation, unflatten_network
+from gpzoo.inference.elbo import FastELBO
+from gpzoo.inference.inducing import initialise_inducing, register_initialiser
+from gpzoo.models import zoo
+from gpzoo.models.errors import InvalidArgumentError, NumericalError
+
+
+def _data(n=24, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    return X, (X[:, 0] * X[:, 1] > 0).astype(float)
+
+
+def test_program_bound_is_the_dkm_objective():
+    """FastELBO of model + guide = the pure-JAX DKM objective (Milsom et al. 2024, eq. 27) at the same
+    parameters, with the exact KL and no SKR noise (both deterministic: Bernoulli by Gauss–Hermite)."""
+    X, y = _data()
+    spec = zoo.get("dkm", input_dim=3, task="binary", num_inducing=8, depth=2, nu=0.3, kl="exact", skr=False)
+    init = initialise_inducing(spec.inducing, spec.kernel, X, spec.num_inducing, jax.random.PRNGKey(0))
+    family = build_family(spec, init, 1)
+    rng = np.random.default_rng(1)  # away from the NNGP start: every KL term non-zero
+    params = {k: jnp.asarray(v + (0.1 * rng.normal(size=np.shape(v)) if k.endswith((".V", "q_mu")) else 0.0))
+              for k, v in init.values.items()}
+    fast = jax.jit(lambda p: -FastELBO().loss(jax.random.PRNGKey(0), p, family.model, family.guide,
+                                              jnp.asarray(X), jnp.asarray(y), num_data=len(y)))(params)
+    core = unflatten_network(params, spec.kernel.num_layers)
+    core["output"] = dict(core["output"], mu=params["q_mu"].T, V=dkm.raw_from_chol(params["q_sqrt"][0]))
+    value, aux = dkm.objective(core, spec.kernel, jnp.asarray(X), y, len(y), None, train=False)
+    np.testing.assert_allclose(float(fast), float(value), rtol=1e-9)
+    assert min(float(aux["kl"][name]) for name in ("layer 1", "layer 2", "output")) > 1e-4
+
+
+@pytest.fixture(scope="module")
+def fitted_dkm():
+    X, y = _data()
+    spec = zoo.get("dkm", input_dim=3, task="binary", num_inducing=8, depth=2)
+    return spec, X, y, fit(spec, X, y, steps=10, learning_rate=0.05, seed=0, progress=False)
+
+
+def test_fit_records_condition_numbers_of_every_gram_layer(fitted_dkm):
+    spec, X, _, res = fitted_dkm
+    conditions = res.diagnostics["gram_condition"]
+    assert set(conditions) == {"start", "end"}
+    for moment in conditions.values():
+        assert set(moment) == {"layer 1", "layer 2"}
+        assert all(np.isfinite(c) and c >= 1.0 for c in moment.values())
+    # at the start G_ℓ = K_ℓ (the NNGP start): cond(G_1) is cond of the first layer's K_ii
+    network = unflatten_network({k: jnp.asarray(v) for k, v in res.family.inducing.values.items() if k.startswith("dkm.")}, 2)
+    K_1 = res.family.network_diagnostics(res.family.inducing.values, X)["K_ii"]["layer 1"]
+    np.testing.assert_allclose(conditions["start"]["layer 1"], np.linalg.cond(np.asarray(K_1)), rtol=1e-5)
+    assert dkm.gram_condition_numbers(network) == conditions["start"]
+
+
+@register_initialiser("dkm-gram-dead-layer-2")
+def _dead_layer_2(config, X, num_inducing, key, method):
+    """The NNGP start with layer 2's kernel scale and bias underflowed to 0: its K_ii is the zero matrix."""
+    values = dict(initialise_inducing(INDUCING_KIND, config, X, num_inducing, key, method).values)
+    values["dkm.layer_2.log_scale"] = values["dkm.layer_2.log_bias"] = np.asarray(-1e3, values["q_mu"].dtype)
+    return GramInitialisation(values)
+
+
+def test_failed_cholesky_in_a_fit_names_layer_stage_and_step(fitted_dkm, float32):
+    spec, X, y, _ = fitted_dkm
+    with pytest.raises(NumericalError, match="layer 2, Cholesky of K_ii, training step 0") as err:
+        fit(spec.replace(inducing="dkm-gram-dead-layer-2"), X, y, steps=4, seed=0, progress=False)
+    assert err.value.layer == "layer 2" and err.value.step == 0
+
+
+def test_conv_dkm_options_build_a_resnet_style_stack():
+    facts = dict(input_dim=64, image_shape=(8, 8), task="multiclass", num_classes=3, num_inducing=4)
+    config = zoo.get("conv-dkm", depth=4, nu=0.01, skr_gamma=2, skr_jitter=0.05, kl="taylor_frobenius", **facts).kernel
+    assert [layer.num_inducing for layer in config.layers] == [4, 4, 8, 8]
+    assert [layer.stride for layer in config.layers] == [1, 1, 2, 1]  # one stride-2 stage
+    assert [layer.skip_from for layer in config.layers] == [None, -1, None, 1]  # a skip around every pair
+    assert all(layer.batch_norm for layer in config.layers)
+    assert (config.nu, config.skr_gamma, config.skr_jitter, config.kl) == (0.01, 2, 0.05, "taylor_frobenius")
+    assert config.num_outputs == 3 and config.image_shape == (8, 8) and config.head == "gap"
+    fc = zoo.get("dkm", input_dim=5, task="binary", depth=3, widths=(4, 6, 8)).kernel
+    assert [layer.num_inducing for layer in fc.layers] == [4, 6, 8] and fc.architecture == "fc"
+    assert dataclasses.replace(fc).skr and fc.layer_gamma(2) == 2  # γ = ceil(P/4) by default
+
+
+@pytest.mark.parametrize("option, value", [("widths", (4, 4)), ("depth", 0), ("nu", -1.0), ("skr_gamma", 0),
+                                           ("filter_shape", (2, 2))])
+def test_invalid_dkm_options_are_typed_errors_naming_them(option, value):
+    facts = dict(input_dim=36, image_shape=(6, 6), task="binary", depth=3)
+    with pytest.raises(InvalidArgumentError, match=option):
+        zoo.get("conv-dkm", **(facts | {option: value}))
