@@ -41,7 +41,7 @@ SkrGamma = Annotated[int | None, "γ, the Wishart's degrees of freedom; none: ce
 SkrJitter = Annotated[float, "λ, added to G̃ in training and to G at test time"]
 KlForm = Annotated[Literal["exact", "taylor_symmetric", "taylor_frobenius"],
                    "KL(N(0,G) ‖ N(0,K)) of the Gram layers: exact, or a second-order Taylor form (§3.2)"]
-GramKernel = Annotated[Literal["arccos", "normalised_gaussian"], "kernel nonlinearity on Gram blocks"]
+GramKernel = Annotated[Literal["arccos", "normalised_gaussian", "squared_exponential"], "kernel nonlinearity on Gram blocks"]
 FilterShape = Annotated[tuple[int, int], "conv mix-up filter (and input patch) height × width, odd, e.g. 3x3"]
 Head = Annotated[Literal["gap", "flatten"], "global average pooling, or a learned readout over all locations"]
 BatchNorm = Annotated[bool, "batch kernel normalisation after every conv Gram layer"]
@@ -66,7 +66,7 @@ def _regularisers(nu, skr, skr_gamma, skr_jitter, kl, kernel) -> dict:
     if not float(skr_jitter) >= 0:
         raise InvalidArgumentError("skr_jitter", f"must be >= 0, got {skr_jitter!r}")
     for name, value, allowed in (("kl", kl, ("exact", "taylor_symmetric", "taylor_frobenius")),
-                                 ("kernel", kernel, ("arccos", "normalised_gaussian"))):
+                                 ("kernel", kernel, ("arccos", "normalised_gaussian", "squared_exponential"))):
         if value not in allowed:
             raise InvalidArgumentError(name, f"must be one of {allowed}, got {value!r}")
     return dict(nu=float(nu), skr=bool(skr), skr_gamma=skr_gamma, skr_jitter=float(skr_jitter), kl=kl, kernel=kernel)

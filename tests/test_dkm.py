@@ -33,6 +33,7 @@ from gpzoo.models.kernels.gram import (
     conv_mix,
     linear_input_gram,
     normalised_gaussian_kernel,
+    squared_exponential_kernel,
 )
 from gpzoo.models.likelihoods import Softmax
 
@@ -83,6 +84,19 @@ def test_normalised_gaussian_is_psd_and_preserves_diagonal():
     blocks = normalised_gaussian_kernel(_split(G, 5))
     np.testing.assert_allclose(blocks.ti, K[5:, :5], rtol=1e-12)
     np.testing.assert_allclose(blocks.t, jnp.diagonal(G)[5:], rtol=1e-12)
+
+
+def test_squared_exponential_kernel_is_the_se_kernel_of_the_features():
+    rng = np.random.default_rng(11)
+    F = rng.normal(size=(9, 3))  # features whose Gram matrix is G
+    G = jnp.asarray(F @ F.T)
+    K = squared_exponential_kernel(_split(G, 4), 2.0, 0.1)
+    sq = np.sum((F[:, None, :] - F[None, :, :]) ** 2, axis=-1)  # [9, 9]
+    expected = 2.0 * np.exp(-0.5 * sq) + 0.1
+    np.testing.assert_allclose(K.ii, expected[:4, :4], rtol=1e-12)
+    np.testing.assert_allclose(K.ti, expected[4:, :4], rtol=1e-12)
+    np.testing.assert_allclose(K.t, np.diagonal(expected)[4:], rtol=1e-12)
+    assert jnp.linalg.eigvalsh(_full_kernel(squared_exponential_kernel, G)).min() > -1e-10
 
 
 # --------------------------------------------------------------------------- conv mixing

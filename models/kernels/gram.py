@@ -31,7 +31,8 @@ Conventions that live here and nowhere else
   (1/D) Σ_d M_d Φ M_dᵀ for linear maps M_d, hence PSD, so the Nyström residual of the next step
   is non-negative in exact arithmetic.
 * Kernel nonlinearities preserve the diagonal before their learned scale and bias:
-  K = scale · k(G) + bias with k(G)_ii = G_ii.
+  K = scale · k(G) + bias with k(G)_ii = G_ii — except the squared-exponential one
+  (k(G)_ii = 1), kept for the paper's toy (§4.2).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ __all__ = [
     "GramBlocks",
     "arccos_kernel",
     "normalised_gaussian_kernel",
+    "squared_exponential_kernel",
     "GRAM_KERNELS",
     "dense_mix",
     "conv_mix",
@@ -137,8 +139,25 @@ def normalised_gaussian_kernel(G: GramBlocks, scale=1.0, bias=0.0, lengthscale=1
     return _diagonal_preserving(G, k_ii, k_ti, scale, bias)
 
 
+def squared_exponential_kernel(G: GramBlocks, scale=1.0, bias=0.0, lengthscale=1.0) -> GramBlocks:
+    """Squared-exponential kernel on Gram blocks, with learned scale and bias.
+
+    k(G)_ij = exp(−(G_ii + G_jj − 2 G_ij) / (2ℓ²)), the SE kernel of the features whose Gram matrix
+    is G (their squared distance from inner products); PSD for PSD G. Not diagonal-preserving:
+    k(G)_ii = 1, so K_t = scale + bias. Milsom et al. 2024 (§4.2) use it in their one-layer toy.
+    """
+    g_i = jnp.diagonal(G.ii)  # [P]
+    inv_2l2 = 0.5 / (lengthscale * lengthscale)
+    d_ii = jnp.maximum(g_i[:, None] + g_i[None, :] - 2.0 * G.ii, 0.0)  # [P, P]
+    d_ti = jnp.maximum(G.t[..., None] + g_i - 2.0 * G.ti, 0.0)  # [B, *S, P]
+    k_ii = jnp.exp(-d_ii * inv_2l2)
+    k_ii = jnp.where(jnp.eye(g_i.shape[0], dtype=bool), 1.0, k_ii)  # exactly 1 on the diagonal
+    return GramBlocks(scale * k_ii + bias, scale * jnp.exp(-d_ti * inv_2l2) + bias, jnp.full_like(G.t, scale + bias))
+
+
 #: Name -> nonlinearity; each has signature ``(G, scale, bias) -> K``.
-GRAM_KERNELS = {"arccos": arccos_kernel, "normalised_gaussian": normalised_gaussian_kernel}
+GRAM_KERNELS = {"arccos": arccos_kernel, "normalised_gaussian": normalised_gaussian_kernel,
+                "squared_exponential": squared_exponential_kernel}
 
 
 # --------------------------------------------------------------------------- mixing / convolution
