@@ -32,6 +32,7 @@ from matplotlib.figure import Figure
 from scipy.optimize import isotonic_regression
 from scipy.special import ndtr, ndtri
 
+from gpzoo.analysis.display import new_figure
 from gpzoo.analysis.metrics import PROB_ATOL, check_labels, check_probs, classification_table
 from gpzoo.models.errors import DataError, InvalidArgumentError, ShapeError, as_float_array
 
@@ -215,7 +216,7 @@ def reliability_figure(
         edges = np.concatenate([lower[:1], (upper[:-1] + lower[1:]) / 2, upper[-1:]])  # [B+1]
         left, width = edges[:-1], np.diff(edges)
 
-    fig = Figure(figsize=(5.0, 6.0), layout="constrained")
+    fig = new_figure(figsize=(5.0, 6.0), layout="constrained")
     ax_rel, ax_count = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1])
     ax_rel.bar(left, np.nan_to_num(table["accuracy"].to_numpy()), width=width, align="edge",
                edgecolor="black", alpha=0.7, label="accuracy")

@@ -28,6 +28,7 @@ import xarray as xr
 from matplotlib.figure import Figure
 
 from gpzoo.analysis.datatree import LOO_VAR_NAME
+from gpzoo.analysis.display import new_figure
 from gpzoo.inference.fit import evaluate_elbo
 from gpzoo.inference.results import FitResult
 from gpzoo.models.errors import InvalidArgumentError
@@ -323,7 +324,7 @@ def elbo_traces_figure(results: Mapping[str, FitResult | xr.DataTree]) -> Figure
     """
     if not isinstance(results, Mapping) or not results:
         raise InvalidArgumentError("results", "expected a non-empty dict {name: FitResult}")
-    fig = Figure(figsize=(7.0, 4.0), layout="constrained")
+    fig = new_figure(figsize=(7.0, 4.0), layout="constrained")
     ax = fig.subplots()
     lows, highs = [], []
     for name, value in results.items():

@@ -7,6 +7,7 @@ import math
 import numpy as np
 from matplotlib.figure import Figure
 
+from gpzoo.analysis.display import new_figure
 from gpzoo.inference.components import inducing_patch_outputs
 from gpzoo.models.errors import InvalidArgumentError
 
@@ -33,7 +34,7 @@ def inducing_patches_figure(res, *, latent: int = 0, group: int = 0, ncols: int 
     ncols = ncols or math.ceil(math.sqrt(M))
     nrows = math.ceil(M / ncols)
     # a fixed grid (no constrained layout: solving it for dozens of panels costs about a second)
-    fig = Figure(figsize=(panel_size * ncols, panel_size * nrows * 1.15 + 0.45))
+    fig = new_figure(figsize=(panel_size * ncols, panel_size * nrows * 1.15 + 0.45))
     axes = fig.subplots(nrows, ncols, squeeze=False,
                         gridspec_kw={"left": 0.02, "right": 0.98, "bottom": 0.02, "top": 1.0 - 0.45 / fig.get_figheight(),
                                      "wspace": 0.15, "hspace": 0.35})

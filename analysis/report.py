@@ -484,7 +484,6 @@ def comparison_figure(table: pd.DataFrame, label: str):
     height = 1.0 + 0.45 * len(table)
     collection = arviz_plots.plot_compare(table, backend="matplotlib", figure_kwargs={"figsize": (6.0, height)})
     fig = collection.get_viz("figure")
-    fig = getattr(fig, "item", lambda: fig)() if not hasattr(fig, "savefig") else fig
     for ax in fig.axes:
         ax.set_xlabel(f"Δ {label}", fontsize=10)
         ax.tick_params(labelsize=10)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,7 +45,22 @@ def test_explore_notebook_executes(tmp_path, monkeypatch):
         monkeypatch.setenv(key, value)
     nb = nbformat.read(REPO / "notebooks" / "explore.ipynb", as_version=4)
     NotebookClient(nb, timeout=240, kernel_name="gpzoo-test", resources={"metadata": {"path": str(tmp_path)}}).execute()
-    outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    outputs = [o for cell in code for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
-    assert "accuracy" in text and "elpd" in text
+    assert "elpd" in text and "predictions identical" in text
+    # every cell that ends in a figure shows it as an image, not as "<Figure size ...>"
+    figure_cells = [cell for cell in code if any(k in cell.source for k in ("_figure(", "plot_compare("))]
+    assert len(figure_cells) >= 4
+    for cell in figure_cells:
+        kinds = {kind for o in cell.get("outputs", []) for kind in o.get("data", {})}
+        assert "image/png" in kinds, cell.source
+    # the models learn at the notebook's sizes: the convolutional model beats the RBF model clearly
+    (accuracy_cell,) = [cell for cell in code if "test accuracy" in cell.source]
+    shown = accuracy_cell.outputs[0]["data"]["text/plain"]
+    accuracy = {name: float(value) for name, value in re.findall(r"^(\S+)\s+([0-9.]+)$", shown, re.M)}
+    assert accuracy["conv"] >= 0.85 and accuracy["conv"] - accuracy["svgp-rbf"] >= 0.2, shown
+    # the hyperparameter summary is ArviZ's table
+    (summary_cell,) = [cell for cell in code if "az.summary" in cell.source]
+    assert "kernel_base_kernel_lengthscale" in summary_cell.outputs[0]["data"]["text/plain"]
