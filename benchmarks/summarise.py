@@ -26,7 +26,7 @@ README = ROOT / "README.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 #: the order files appear in; files not listed follow alphabetically.
-ORDER = ("reproduce_conv", "reproduce_invariance", "conv_kernels", "conv_kernels_mnist10", "svgp_scaling", "polya_gamma_throughput",
+ORDER = ("reproduce_conv", "reproduce_invariance", "reproduce_tick", "conv_kernels", "conv_kernels_mnist10", "svgp_scaling", "polya_gamma_throughput",
          "invariance_toy", "gpflow_side_by_side", "pg_natgrad")
 TITLES = {
     "reproduce_conv": "van der Wilk et al. 2017 reproduction: convolutional GPs (`benchmarks/reproduce_conv.py`)",
@@ -39,6 +39,8 @@ TITLES = {
     "gpflow_side_by_side": "gpzoo against GPflow 2.11, weighted conv SVGP (`benchmarks/gpflow_side_by_side.py`)",
     "gpflow_side_by_side_mnist10_timing": "gpzoo against GPflow 2.11, MNIST-10 timing run (`benchmarks/gpflow_side_by_side.py`)",
     "pg_natgrad": "Pólya–Gamma CAVI / natural gradients against Adam (`benchmarks/pg_natgrad.py`)",
+    "reproduce_tick": "Dutordoir et al. 2020 reproduction, CPU-sized: TICK and deep convolutional GPs (`benchmarks/reproduce_tick.py`)",
+    "deep_conv_step": "2-layer deep TICK GP step against a straightforward JAX step and the machine's bound (`benchmarks/deep_conv_step.py`)",
 }
 FORMATTERS: dict[str, Callable[[dict], list[str]]] = {}
 
@@ -230,6 +232,56 @@ def _pg_natgrad(report: dict) -> list[str]:
                 f"{yes_no(report['goal_met'])}, Anderson-accelerated CAVI {yes_no(report.get('goal_met_anderson'))}. "
                 f"{provenance(report)}", ""] + \
         table(["(ℓ, σ²)", "N", "M", "CAVI steps / time", "CAVI + Anderson", "Adam", "ratio", "ratio (Anderson)"], rows)
+
+
+TICK_ORDER = ("e2", "e1", "e3")
+
+
+@formatter("reproduce_tick")
+def _reproduce_tick(report: dict) -> list[str]:
+    lines = []
+    experiments = report.get("experiments", {})
+    for name in sorted(experiments, key=lambda n: (TICK_ORDER.index(n) if n in TICK_ORDER else len(TICK_ORDER), n)):
+        exp = experiments[name]
+        s = exp["settings"]
+        extra = " Every image has the same multiset of patches (checked)." if s.get("conv_indistinguishable") else ""
+        lines += ["", f"**{name.upper()}** — {s['dataset']}, {s['num_train']:,} train / {s['num_test']:,} test images, "
+                      f"{s['patch_shape'][0]}×{s['patch_shape'][1]} patches, M = {s['num_inducing']}, Adam {s['learning_rate']}, "
+                      f"batch {s['batch_size']}. **CPU-sized**: {s['cpu_sized']}; the paper: {s['paper_setting']}.{extra} "
+                      f"{provenance(exp)}", ""]
+        rows = []
+        for model, r in exp["models"].items():
+            if r.get("timing_only"):
+                rows.append([f"`{model}`", num(r["steps"]), "timing run", "", "", "", "", "", "", num(r["s_per_step"]), ""])
+                continue
+            paper = r.get("paper") or {}
+            scales = ", ".join(num(v) for v in r.get("location_lengthscales", {}).values()) or "—"
+            rows.append([f"`{model}`", num(r["steps"]), pct(r["top1_error"]), pct(r.get("top2_error")), pct(r.get("top3_error")),
+                         num(r["nll"]), num(r["nll_misclassified"]), pct(paper.get("top1_error")),
+                         f"{num(r['elbo'], 5)} ± {num(r['elbo_stderr'])}", num(r["s_per_step"]), scales])
+        lines += table(["model", "steps", "top-1", "top-2", "top-3", "NLL", "NLL misses", "paper top-1", "ELBO ± s.e.", "s/step",
+                        "location ℓ"], rows)
+        if "goal" in exp:
+            lines += ["", f"Goal ({exp['goal']['text']}): {yes_no(exp['goal']['met'])}."]
+    return lines + (["", STEP_NOTE] if lines else [])
+
+
+@formatter("deep_conv_step")
+def _deep_conv_step(report: dict) -> list[str]:
+    s, t = report["setting"], report["timings"]
+    over, speed = report["step_over_bound"], report["speedup_over_straightforward"]
+    rows = [[clock.replace("_s", ""), num(1e3 * t["gpzoo"][clock]), num(1e3 * t["straightforward"][clock]), num(speed[clock]),
+             num(1e3 * report["bound_s"][clock]), num(over[clock]["gpzoo"]), num(over[clock]["straightforward"])]
+            for clock in ("cpu_s", "wall_s")]
+    goals = ", ".join(f"{k}: {yes_no(v)}" for k, v in report["goals"].items())
+    temp = report["temp_bytes"]
+    return ["", f"`{s['model']}`, {s['num_layers']} layers, {s['image_shape'][0]}×{s['image_shape'][1]} images, "
+                f"{s['patch_shape'][0]}×{s['patch_shape'][1]} patches, M = {s['M']} per layer, B = {s['B']}, {s['dtype']}; "
+                f"medians per step (ms). Bound: forward exps and matmul flops at rates measured in the same run. "
+                f"XLA temporaries: gpzoo {num(temp['gpzoo'] / 2**20)} MiB, straightforward {num(temp['straightforward'] / 2**20)} MiB; "
+                f"peak RSS {num(report['peak_rss_mb'])} MB; the two bounds agree to {num(report['agreement']['rel_diff'])}. "
+                f"Goals: {goals}. {provenance(report)}", ""] + \
+        table(["clock", "gpzoo", "straightforward", "speedup", "bound", "gpzoo / bound", "straightforward / bound"], rows)
 
 
 FORMATTERS["conv_kernels_mnist10"] = FORMATTERS["conv_kernels"]
