@@ -234,6 +234,22 @@ def _pg_natgrad(report: dict) -> list[str]:
         table(["(ℓ, σ²)", "N", "M", "CAVI steps / time", "CAVI + Anderson", "Adam", "ratio", "ratio (Anderson)"], rows)
 
 
+@formatter("robustness_sweep")
+def _robustness_sweep(report: dict) -> list[str]:
+    keys = ("cholesky_failures", "diverged", "jitter_escalations", "non_finite", "errors")
+    rows = []
+    for dtype, result in report["results"].items():
+        rows += [[name, dtype, num(c["runs"]), *(num(c[k]) for k in keys), num(c["max_jitter"])] for name, c in result["models"].items()]
+    p, totals = report["protocol"], report["totals"]
+    data = p["data"]
+    return ["", f"{p['seeds']} seeds per model and precision, {p['steps']} Adam steps at each model's zoo defaults on "
+                f"{data['image_size']}×{data['image_size']} {data['name']} ({data['num_train']} training images), then predict "
+                f"and the ELBO. Totals over {num(totals['runs'])} runs: " + ", ".join(f"{k.replace('_', ' ')} {num(totals[k])}" for k in keys)
+                + f". Goal (no failure, no non-finite result) met: {yes_no(report['goal_met'])}. {provenance(report)}", ""] + \
+        table(["model", "dtype", "runs", "Cholesky failures", "diverged", "runs with jitter increases", "non-finite", "errors",
+               "max jitter"], rows)
+
+
 TICK_ORDER = ("e2", "e1", "e3")
 
 

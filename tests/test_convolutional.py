@@ -211,6 +211,20 @@ def test_colour_variants_equal_brute_force(rng, kuf):
     np.testing.assert_allclose(evaluate_sweep(k, Zgrey, X)[2], Kff, rtol=1e-10)
 
 
+def test_additive_colour_on_one_channel_scales_kuu_like_kuf_and_kff(rng):
+    """One channel (grey images): Kuu = v k_g(Z, Z) as Kuf and Kff carry v, so Kff − Qff stays PSD
+    (Kuu once dropped v for a single stream: negative predictive variances as soon as v > 1)."""
+    X, Z = _data(rng, GREY, GREY_PATCH, N=3, M=4)
+    w, v = rng.normal(size=Convolutional(_base(), GREY, GREY_PATCH).num_patches), np.array([1.7])
+    k = AdditiveColourConvolutional(_base(), GREY, GREY_PATCH, weights=w, channel_variances=v, normalisation="sum")
+    Kuu_, Kuf_, Kff = _brute(X, Z, GREY, GREY_PATCH, w, scales=v, mode="additive")
+    for got, want in zip(evaluate_sweep(k, Z, X), (Kuu_, Kuf_, Kff)):
+        np.testing.assert_allclose(got, want, rtol=1e-10)
+    Kuu_, Kuf_ = k.Kzz(Z)[0], k.Kzx(Z, X)[0]
+    Qff = Kuf_.T @ np.linalg.solve(Kuu_, Kuf_)  # [N, N]
+    assert np.all(np.diag(k.K(X)) - np.diag(Qff) > -1e-8)
+
+
 def test_multichannel_equals_explicit_per_channel_sum(rng):
     """f = Σ_c f_c with f_c a weighted conv GP on channel c: K, K_diag and Kuf blocks agree."""
     X, Z = _data(rng, COLOUR, COLOUR_PATCH, N=3, M=3, colour_inducing=False)

@@ -860,9 +860,9 @@ class ConvolutionalKernel(Kernel):
         filters = self._stream_filters(Z)  # [Sf, M, h, w, Cs]
         Zs = filters.reshape(filters.shape[0], filters.shape[1], -1)  # [Sf, M, E]
         blocks = jax.vmap(base.K)(Zs, Zs)  # [Sf, M, M]
-        if blocks.shape[0] > 1:
+        if blocks.shape[0] == self.num_streams:  # one filter per stream: Σ_s v_s k(Z_s, Z_s), even for a single stream
             K = jnp.einsum("s,smk->mk", self._stream_scales().astype(blocks.dtype), blocks)  # [M, M]
-        else:
+        else:  # filters shared by the streams (their scales are 1)
             K = blocks[0]  # [M, M]
         return jnp.broadcast_to(K, (self.num_output_groups,) + K.shape)  # [G, M, M]
 
