@@ -8,10 +8,12 @@ leaves half a file behind.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
 import platform
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -66,4 +68,38 @@ def merge_results(path: Path, key: str, payload: dict) -> dict:
     report.setdefault("experiments", {})[key] = payload
     report["updated"] = payload["date"]
     write_json(path, report)
+    return report
+
+
+def reproduction_parser(description: str, experiments, *, default: str, out: Path, seed: int, batch_size=None,
+                        learning_rate=None) -> argparse.ArgumentParser:
+    """The options every paper-reproduction script takes (experiment, models, sizes, seed, ``--quick``, output)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--experiment", choices=[*experiments, "all"], default=default)
+    parser.add_argument("--models", nargs="*", help="only these models of the experiment (default: all)")
+    parser.add_argument("--steps", type=int, help="Adam steps per model (default: the experiment's)")
+    parser.add_argument("--batch-size", type=int, default=batch_size)
+    parser.add_argument("--learning-rate", type=float, default=learning_rate)
+    parser.add_argument("--num-inducing", type=int, help="override M of every model")
+    parser.add_argument("--max-train", type=int, help="use a fixed random subset of the training images")
+    parser.add_argument("--max-test", type=int, help="use a fixed random subset of the test images")
+    parser.add_argument("--elbo-samples", type=int, default=8, help="Monte Carlo draws for evaluate_elbo")
+    parser.add_argument("--seed", type=int, default=seed)
+    parser.add_argument("--quick", action="store_true", help="tiny smoke-test settings (seconds, meaningless numbers)")
+    parser.add_argument("--progress", action="store_true", help="show a progress bar per fit")
+    parser.add_argument("--out", type=Path, default=out)
+    return parser
+
+
+def run_and_merge(names, out: Path, run: Callable[[str], dict], combine: Callable[[str, dict | None, dict], dict]) -> dict:
+    """Run experiment ``name`` for each of ``names`` and merge ``combine(name, previous, payload)`` into ``out``.
+
+    ``previous`` is what the file holds for that experiment, read only after the run: another run
+    may have written in the meantime.
+    """
+    report = {}
+    for name in names:
+        payload = run(name)
+        previous = json.loads(out.read_text()).get("experiments", {}).get(name) if out.exists() else None
+        report = merge_results(out, name, combine(name, previous, payload))
     return report

@@ -19,8 +19,9 @@ exps = B·P₁·M (hidden Kuf) + B·P₂·M (output Kuf) + B·P₂² (output Kff
 matmul flops = 2·B·P₁·M·E + B·P₁·M² (hidden Kuf cross term and Luu⁻¹ Kuf) + 2·B·P₂·M·(E+2) +
 2·B·P₂²·(E+2) (output Kuf and Kff cross terms on location-augmented patches); bound = exps / exp
 rate + flops / matmul rate. Both steps' bounds agree (``agreement``: the two programs' ELBOs at the
-same parameters and keys). Peak memory: XLA's temporary buffers of each compiled step and the
-process's peak resident set.
+same parameters and keys). Peak memory: XLA's temporary buffers of each compiled step, the process's
+peak resident set after gpzoo's step has compiled and run (``peak_rss_gpzoo_only_mb``, before the
+straightforward step is built) and at the end (both steps).
 
     /work/venv/bin/python benchmarks/deep_conv_step.py [--repeats 7] [--steps 5] [--quick]
 """
@@ -172,6 +173,9 @@ def build(args):
     def gpzoo_steps(state, idx):
         return jax.lax.scan(lambda s, b: svi.update(s, Xj[b], yj[b], num_data=N), state, idx)[1]
 
+    jax.block_until_ready(gpzoo_steps(state, idx))  # compiled and run before anything of the straightforward step exists
+    peak_rss_gpzoo_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
     likelihood = spec.likelihood
     elbo = straightforward_elbo(likelihood, image, args.patch, N)
     ref = {NAMES[k]: v for k, v in params.items() if k in NAMES}
@@ -223,7 +227,8 @@ def build(args):
     setting = {"model": "deep-tick", "num_layers": 2, "image_shape": [image, image], "patch_shape": [args.patch, args.patch],
                "M": M, "B": B, "P_hidden": P1, "P_output": P2, "E": E, "hidden_channels": 1, "num_classes": 10,
                "likelihood": type(likelihood).__name__, "dtype": "float32", "steps_per_call": args.steps,
-               "exp_count": args.exp_count, "matmul_n": args.matmul_n, "optimizer": f"adam({LEARNING_RATE})"}
+               "exp_count": args.exp_count, "matmul_n": args.matmul_n, "optimizer": f"adam({LEARNING_RATE})",
+               "peak_rss_gpzoo_only_mb": peak_rss_gpzoo_mb}
     return cases, counts, agreement, temp, setting
 
 
@@ -270,14 +275,15 @@ def main(argv=None):
         "speedup_over_straightforward": {clock: timings["straightforward"][clock] / timings["gpzoo"][clock] for clock in ("cpu_s", "wall_s")},
         "goals": {"speedup >= 3": None, "within 3x of bound": None, "under 2 GB": None},
         "temp_bytes": temp,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # both steps
         "agreement": agreement,
         "timings": timings,
         "seconds_total": time.perf_counter() - t0,
     }
     speed = report["speedup_over_straightforward"]["cpu_s"]
     report["goals"] = {"speedup >= 3 (cpu)": bool(speed >= 3), "within 3x of bound (cpu)": bool(over["cpu_s"]["gpzoo"] <= 3),
-                       "under 2 GB (gpzoo temp + peak RSS)": bool(report["peak_rss_mb"] < 2048)}
+                       "under 2 GB (gpzoo: process peak RSS before the straightforward step exists)":
+                           bool(setting["peak_rss_gpzoo_only_mb"] < 2048)}
     write_json(args.out, report)
     print(f"deep-tick 2 layers B={args.batch} M={args.M}: gpzoo {1e3 * timings['gpzoo']['cpu_s']:.1f} ms cpu "
           f"({1e3 * timings['gpzoo']['wall_s']:.1f} wall), straightforward {1e3 * timings['straightforward']['cpu_s']:.1f} ms cpu; "

@@ -25,15 +25,13 @@ the data) say so under ``settings``; their numbers are not converged reproductio
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from pathlib import Path
 
 import jax
 import numpy as np
 
-from _common import machine_info, merge_results, now  # noqa: E402
+from _common import machine_info, now, reproduction_parser, run_and_merge  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "reproduce_conv.json"
 SEED = 0
@@ -221,21 +219,9 @@ def combine(name: str, old: dict | None, new: dict) -> dict:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--experiment", choices=[*EXPERIMENTS, "all"], default="all")
-    parser.add_argument("--models", nargs="*", help="only these models of the experiment (default: all)")
-    parser.add_argument("--steps", type=int, help="Adam steps per model (default: the experiment's)")
-    parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
-    parser.add_argument("--learning-rate", type=float, default=LEARNING_RATE)
-    parser.add_argument("--num-inducing", type=int, help="override M of every model")
+    parser = reproduction_parser(__doc__.split("\n")[0], EXPERIMENTS, default="all", out=OUT, seed=SEED, batch_size=BATCH_SIZE,
+                                 learning_rate=LEARNING_RATE)
     parser.add_argument("--rbf-inducing", type=int, help="override M of the RBF baseline")
-    parser.add_argument("--max-train", type=int, help="use a fixed random subset of the training images")
-    parser.add_argument("--max-test", type=int, help="use a fixed random subset of the test images")
-    parser.add_argument("--elbo-samples", type=int, default=8, help="Monte Carlo draws for evaluate_elbo")
-    parser.add_argument("--seed", type=int, default=SEED)
-    parser.add_argument("--quick", action="store_true", help="tiny smoke-test settings (seconds, meaningless numbers)")
-    parser.add_argument("--progress", action="store_true", help="show a progress bar per fit")
-    parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     if args.quick:
         args.steps = args.steps or 2
@@ -251,13 +237,7 @@ def parse_args(argv=None):
 def main(argv=None) -> dict:
     args = parse_args(argv)
     names = list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]
-    report = {}
-    for name in names:
-        payload = run_experiment(name, args)
-        # read what is there only now: another run may have written since this one started
-        previous = json.loads(args.out.read_text()).get("experiments", {}).get(name) if args.out.exists() else None
-        report = merge_results(args.out, name, combine(name, previous, payload))
-    return report
+    return run_and_merge(names, args.out, lambda name: run_experiment(name, args), combine)
 
 
 if __name__ == "__main__":

@@ -31,15 +31,13 @@ Results merge into ``benchmarks/results/reproduce_tick.json`` experiment by expe
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from pathlib import Path
 
 import jax
 import numpy as np
 
-from _common import machine_info, merge_results, now  # noqa: E402
+from _common import machine_info, now, reproduction_parser, run_and_merge  # noqa: E402
 from reproduce_conv import subsample  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "reproduce_tick.json"
@@ -221,20 +219,7 @@ def run_experiment(experiment: str, args) -> dict:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--experiment", choices=[*EXPERIMENTS, "all"], default="e2")
-    parser.add_argument("--models", nargs="*", help="only these models of the experiment (default: all)")
-    parser.add_argument("--steps", type=int, help="Adam steps per model (default: the experiment's)")
-    parser.add_argument("--batch-size", type=int)
-    parser.add_argument("--learning-rate", type=float)
-    parser.add_argument("--num-inducing", type=int, help="override M of every model (and layer)")
-    parser.add_argument("--max-train", type=int, help="training images (default: the experiment's)")
-    parser.add_argument("--max-test", type=int, help="test images (default: the experiment's)")
-    parser.add_argument("--elbo-samples", type=int, default=8, help="Monte Carlo draws for evaluate_elbo")
-    parser.add_argument("--seed", type=int, default=SEED)
-    parser.add_argument("--quick", action="store_true", help="tiny smoke-test settings (seconds, meaningless numbers)")
-    parser.add_argument("--progress", action="store_true", help="show a progress bar per fit")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser = reproduction_parser(__doc__.split("\n")[0], EXPERIMENTS, default="e2", out=OUT, seed=SEED)
     args = parser.parse_args(argv)
     if args.quick:
         args.steps = args.steps or 2
@@ -246,20 +231,21 @@ def parse_args(argv=None):
     return args
 
 
+def combine(name: str, previous: dict | None, payload: dict) -> dict:
+    """A rerun of some models (``--models``) on the same data keeps the other models' records."""
+    if previous and payload.get("partial") and previous.get("settings", {}).get("num_train") == payload["settings"]["num_train"]:
+        payload["models"] = {**previous.get("models", {}), **payload["models"]}
+        outcome = goal(name, payload["models"])
+        if outcome is not None:
+            payload["goal"] = outcome
+    payload.pop("partial", None)
+    return payload
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     names = list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]
-    report = {}
-    for name in names:
-        payload = run_experiment(name, args)
-        previous = json.loads(args.out.read_text()).get("experiments", {}).get(name) if args.out.exists() else None
-        if previous and args.models and previous.get("settings", {}).get("num_train") == payload["settings"]["num_train"]:
-            payload["models"] = {**previous.get("models", {}), **payload["models"]}  # a partial rerun keeps the others
-            outcome = goal(name, payload["models"])
-            if outcome is not None:
-                payload["goal"] = outcome
-        report = merge_results(args.out, name, payload)
-    return report
+    return run_and_merge(names, args.out, lambda name: dict(run_experiment(name, args), partial=bool(args.models)), combine)
 
 
 if __name__ == "__main__":
