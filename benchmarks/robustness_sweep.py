@@ -127,7 +127,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--seeds", type=int, default=NUM_SEEDS)
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--dtypes", default=",".join(DTYPES))
-    parser.add_argument("--workers", type=int, default=2, help="processes (one precision each; default 2)")
+    parser.add_argument("--workers", type=int, default=2, help="processes (one precision each; default 2; 1: all in this process)")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     from gpzoo.models import zoo  # noqa: PLC0415
@@ -140,12 +140,20 @@ def main(argv=None) -> dict:
                            "settings": "zoo defaults for each model; fit defaults (Adam, learning rate 0.01, full batch)"},
               "results": {}}
     dtypes = args.dtypes.split(",")
+    partial = {dtype: args.out.with_suffix(f".{dtype}.partial.json") for dtype in dtypes}
     with tempfile.TemporaryDirectory(prefix="gpzoo-sweep-xla-") as cache:
-        # one process per precision (spawned: each sets its own JAX precision), sharing the on-disk XLA cache
-        with ProcessPoolExecutor(max_workers=min(args.workers, len(dtypes)), mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {dtype: pool.submit(sweep, models, dtype, args.seeds, args.steps, Path(cache),
-                                          args.out.with_suffix(f".{dtype}.partial.json")) for dtype in dtypes}
-            report["results"] = {dtype: future.result() for dtype, future in futures.items()}
+        if args.workers > 1:  # one process per precision (spawned: each sets its own JAX precision), one on-disk XLA cache
+            context = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=min(args.workers, len(dtypes)), mp_context=context) as pool:
+                futures = {dtype: pool.submit(sweep, models, dtype, args.seeds, args.steps, Path(cache), partial[dtype])
+                           for dtype in dtypes}
+                report["results"] = {dtype: future.result() for dtype, future in futures.items()}
+        else:  # in this process, one precision after the other (no on-disk cache: this process's JAX stays as it was)
+            previous = jax.config.jax_enable_x64
+            try:
+                report["results"] = {dtype: sweep(models, dtype, args.seeds, args.steps, None, partial[dtype]) for dtype in dtypes}
+            finally:
+                jax.config.update("jax_enable_x64", previous)
     totals = collections.Counter()
     for result in report["results"].values():
         for counts in result["models"].values():
@@ -154,8 +162,8 @@ def main(argv=None) -> dict:
     report["goal_met"] = totals["cholesky_failures"] == totals["diverged"] == totals["non_finite"] == totals["errors"] == 0
     report["seconds"] = time.perf_counter() - started
     write_json(args.out, report)
-    for dtype in dtypes:
-        args.out.with_suffix(f".{dtype}.partial.json").unlink(missing_ok=True)
+    for path in partial.values():
+        path.unlink(missing_ok=True)
     print(f"totals {dict(totals)}; goal met: {report['goal_met']}; {report['seconds']:.0f} s")
     return report
 
