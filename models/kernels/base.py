@@ -17,6 +17,7 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+from numpyro.distributions import Distribution
 
 from gpzoo.models.errors import HyperparameterError, ShapeError
 from gpzoo.models.parameters import Fixed, Parameterised, hyper, pytree_dataclass, static
@@ -95,10 +96,10 @@ class Kernel(Parameterised):
         """Per-dimension hyperparameters (``dimension_fields``) hold 1 or ``width`` values."""
         for name in self.dimension_fields:
             value = getattr(self, name)
-            value = value.value if isinstance(value, Fixed) else value
-            if not hasattr(value, "shape") and not isinstance(value, (list, tuple)):
-                continue  # a number, or a prior
-            shape = np.shape(value)
+            if isinstance(value, Distribution):  # a prior: the shape of its draws
+                shape = tuple(value.batch_shape) + tuple(value.event_shape)
+            else:
+                shape = np.shape(value.value if isinstance(value, Fixed) else value)
             if len(shape) > 1 or (len(shape) == 1 and shape[0] not in (1, width)):
                 raise HyperparameterError(f"{type(self).__name__}.{name}", f"has shape {shape}; expected one value or one per "
                                                                           f"input column ({width}) it acts on")
