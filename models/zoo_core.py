@@ -42,6 +42,8 @@ __all__ = ["COMMON_FIELDS", "DATASET_FACTS", "LIKELIHOOD_NAMES", "REGISTRY", "TA
            "Option", "UnknownModelError", "default_likelihood", "likelihood_from_name", "parse_text", "register", "type_name"]
 
 
+#: The largest number of values per input (``input_dim``, H·W·C): JAX indexes arrays with 32-bit integers by default.
+MAX_INPUT_DIM = 2**31 - 1
 #: The tasks a zoo model can serve (``Common.task``).
 TASKS = ("regression", "binary", "multiclass")
 
@@ -49,7 +51,7 @@ TASKS = ("regression", "binary", "multiclass")
 class UnknownModelError(GPZooError, KeyError):
     """Raised for a model name that is not in the zoo; the message lists the valid names."""
 
-    argument = "name"
+    argument = "model"  # the model name: `zoo.get(name)`, `gpzoo fit --model`
 
     def __str__(self):
         return str(self.args[0])
@@ -106,8 +108,9 @@ class Common:
 
     def __post_init__(self):
         """Eager checks of the shared options (typed errors naming the option, before any tracing)."""
-        if self.input_dim is not None:
-            check_integer(self.input_dim, "input_dim", minimum=1)
+        if self.input_dim is not None and check_integer(self.input_dim, "input_dim", minimum=1) > MAX_INPUT_DIM:
+            raise InvalidArgumentError("input_dim", f"{self.input_dim} exceeds {MAX_INPUT_DIM}, the most values per input "
+                                                    "JAX's 32-bit indices reach")
         if self.task not in TASKS:
             raise InvalidArgumentError("task", f"unknown task {self.task!r}; use one of {', '.join(map(repr, TASKS))}")
         if self.num_classes is not None:
@@ -116,6 +119,10 @@ class Common:
         for name, tp in typing.get_type_hints(Common, include_extras=True).items():
             if not _matches(tp, getattr(self, name)):
                 raise InvalidArgumentError(name, f"expected {type_name(tp)}, got {getattr(self, name)!r}")
+        shape = self.given_image_shape()
+        if shape is not None and math.prod(shape) > MAX_INPUT_DIM:
+            raise InvalidArgumentError("image_shape", f"{shape} has {math.prod(shape)} values, more than {MAX_INPUT_DIM}, the "
+                                                      "most JAX's 32-bit indices reach")
 
     def resolved_likelihood(self) -> Likelihood:
         """The given likelihood, else the task's default (:func:`default_likelihood`)."""
