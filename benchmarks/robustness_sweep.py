@@ -101,7 +101,7 @@ def sweep(models, dtype: str, seeds: int, steps: int, cache: Path | None = None,
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 records.append(run_one(name, data, seed, steps))
-            jax.clear_caches()
+        jax.clear_caches()  # between models only: a model's runs share compiled programs
         outcomes = collections.Counter(r["outcome"] for r in records)
         per_model[name] = {
             "runs": len(records),
