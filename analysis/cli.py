@@ -43,6 +43,11 @@ DEFAULT_MODELS = "svgp-rbf,conv,weighted-conv"
 DEFAULTS = {"steps": 150, "batch_size": 50, "num_inducing": 16, "learning_rate": 0.05, "num_draws": 100,
             "num_train": 500, "num_test": 500}
 EXIT_USAGE, EXIT_FAILURE = 2, 1
+#: Fewest posterior draws a report accepts (gpzoo.analysis.datatree.MIN_DRAWS; kept here so that
+#: `gpzoo --help` stays light, and checked equal by the tests).
+MIN_DRAWS = 25
+#: Files and folders a report directory holds (what --overwrite replaces; anything else is left alone).
+REPORT_ENTRIES = ("report.json", "report.md", "report.html", "comparison.csv", "run.json", "models", "figures", "checkpoints")
 
 
 class UsageError(Exception):
@@ -50,7 +55,7 @@ class UsageError(Exception):
 
 
 # ----------------------------------------------------------------------------- argument parsing
-def _int_at_least(minimum: int, kind: str):
+def _int_at_least(minimum: int, kind: str | None = None):
     """An argparse type: an integer >= ``minimum``, described as a ``kind`` integer in errors."""
 
     def parse(text: str) -> int:
@@ -59,7 +64,8 @@ def _int_at_least(minimum: int, kind: str):
         except ValueError:
             value = None
         if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"expected a {kind} integer, got {text!r}")
+            wanted = f"a {kind} integer" if kind else f"an integer >= {minimum}"
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
         return value
 
     return parse
@@ -111,14 +117,24 @@ def _add_fit_options(parser, *, data_default):
                              "'all' for every point (default %(default)s)")
     parser.add_argument("--num-test", type=_count_or_all, default=DEFAULTS["num_test"],
                         help="test points, as --num-train (default %(default)s)")
-    parser.add_argument("--num-draws", type=_positive_int, default=DEFAULTS["num_draws"],
-                        help="posterior draws of u stored per model (default %(default)s)")
+    parser.add_argument("--num-draws", type=_int_at_least(MIN_DRAWS), default=DEFAULTS["num_draws"],
+                        help=f"posterior draws of u stored per model, at least {MIN_DRAWS} (PSIS-LOO fits a Pareto tail "
+                             "to the largest weights; default %(default)s)")
     parser.add_argument("--likelihood", default=None,
                         help="likelihood by name (gaussian, poisson, bernoulli-logit, bernoulli-probit, robustmax, softmax, "
                              "one-hot-gaussian); default: the task's (gaussian, bernoulli-logit, robustmax)")
     parser.add_argument("--option", dest="options", action="append", default=[], metavar="MODEL.KEY=VALUE",
                         help="a model option, e.g. conv.patch_shape=5x5 or svgp-rbf.ard=true (repeatable; "
                              "`gpzoo list --options` shows each model's)")
+    parser.add_argument("--data-path", dest="data_paths", action="append", default=[], metavar="[KEY=]PATH",
+                        help="file(s) of a local data set: `--data-path x.npz` for local-numpy, `--data-path "
+                             "images_path=... --data-path labels_path=...` for local-idx (repeatable)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue an interrupted run in OUT: finished models are loaded, an unfinished one resumes "
+                             "from its checkpoint (the settings must be the same)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a report already in OUT (refused otherwise)")
+    parser.add_argument("--checkpoint-every", type=_positive_int, default=None,
+                        help="checkpoint each fit every N steps to OUT/checkpoints/NAME (default: every 10 %% of the run)")
     parser.add_argument("--save-models", action=argparse.BooleanOptionalAction, default=True,
                         help="save each fitted model to OUT/models/NAME/ (model.json + arrays.npz) for `gpzoo predict "
                              "--model` and gpzoo.load (default: on)")
@@ -149,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     pred_p.add_argument("--model", required=True, type=Path,
                         help="a saved model: OUT/models/NAME written by `gpzoo fit`/`compare`, or any gpzoo.save directory")
     pred_p.add_argument("--data", required=True, help="dataset name (see `gpzoo list`); its inputs must match the model's")
+    pred_p.add_argument("--data-path", dest="data_paths", action="append", default=[], metavar="[KEY=]PATH",
+                        help="file(s) of a local data set, as for `gpzoo compare`")
     pred_p.add_argument("--split", choices=("test", "train"), default="test", help="which split to predict (default %(default)s)")
     pred_p.add_argument("--num-points", type=_count_or_all, default=None,
                         help="points of the split: a dataset option where it has one, else a seeded subsample (default: all)")
@@ -197,14 +215,16 @@ def _print_options(options, out) -> None:
         print(f"      {option.name}: {option.type_name} = {option.default!r}  {option.help}", file=out)
 
 
-def _dataset(name: str, seed: int, sizes: dict):
-    """Dataset ``name`` generated with ``seed``, passing the ``sizes`` (num_train, num_test) its loader takes."""
+def _dataset(name: str, seed: int, sizes: dict, paths: dict | None = None):
+    """Dataset ``name`` generated with ``seed``, passing the ``sizes`` (num_train, num_test) its loader
+    takes and the ``paths`` of a local data set."""
     from gpzoo.analysis import datasets  # noqa: PLC0415
 
     if name not in datasets.names():
         raise UsageError(f"unknown dataset {name!r}; valid: {', '.join(datasets.names())}")
     options = datasets.dataset_options(name)
-    return datasets.load(name, seed=seed, **{k: n for k, n in sizes.items() if k in options and n is not None})
+    chosen = {k: n for k, n in sizes.items() if k in options and n is not None}
+    return datasets.load(name, seed=seed, **chosen, **(paths or {}))
 
 
 def _subset(X, y, n, rng):
@@ -213,9 +233,56 @@ def _subset(X, y, n, rng):
     return np.asarray(X)[idx], np.asarray(y)[idx], idx
 
 
+def _data_paths(name: str, texts: list[str]) -> dict[str, str]:
+    """``{loader option: path}`` from ``--data-path [KEY=]PATH`` for dataset ``name``; a bare PATH
+    fills the loader's only required path option."""
+    from gpzoo.analysis import datasets  # noqa: PLC0415
+
+    if not texts:
+        return {}
+    if name not in datasets.names():
+        raise UsageError(f"unknown dataset {name!r}; valid: {', '.join(datasets.names())}")
+    options = datasets.dataset_options(name)
+    path_options = [k for k in options if k.endswith("path")]
+    if not path_options:
+        raise UsageError(f"--data-path: dataset {name!r} is generated or embedded and reads no files")
+    required = [k for k in path_options if options[k] is datasets.REQUIRED]
+    chosen: dict[str, str] = {}
+    for text in texts:
+        key, sep, value = text.partition("=")
+        if not sep:
+            if len(required) != 1:
+                raise UsageError(f"--data-path {text!r}: dataset {name!r} reads several files; give each as KEY=PATH "
+                                 f"with KEY one of {', '.join(path_options)}")
+            key, value = required[0], text
+        if key not in path_options:
+            raise UsageError(f"--data-path {text!r}: dataset {name!r} has no file option {key!r}; options: {', '.join(path_options)}")
+        if key in chosen:
+            raise UsageError(f"--data-path: {key} is given twice")
+        if not Path(value).exists():
+            raise UsageError(f"--data-path {text!r}: no such file {value!r}")
+        chosen[key] = value
+    return chosen
+
+
+def _check_data_paths(name: str, paths: dict[str, str]) -> None:
+    """A local data set without its files is a usage error naming the missing ``--data-path``."""
+    from gpzoo.analysis import datasets  # noqa: PLC0415
+
+    if name not in datasets.names():
+        return
+    missing = [k for k, v in datasets.dataset_options(name).items() if v is datasets.REQUIRED and k not in paths]
+    if len(missing) == 1:
+        raise UsageError(f"dataset {name!r} reads a local file: pass --data-path PATH (its option {missing[0]})")
+    if missing:
+        raise UsageError(f"dataset {name!r} reads local files: pass " + " ".join(f"--data-path {k}=PATH" for k in missing))
+
+
 def _load_data(args):
     """The dataset, with train/test subsampled to --num-train/--num-test (loader options when it has them)."""
-    ds = _dataset(args.data, args.seed, {"num_train": args.num_train, "num_test": args.num_test})
+    paths = _data_paths(args.data, args.data_paths)
+    _check_data_paths(args.data, paths)
+    ds = _dataset(args.data, args.seed, {"num_train": args.num_train, "num_test": args.num_test}, paths)
     rng = np.random.default_rng(args.seed)
     X_train, y_train, _ = _subset(ds.X_train, ds.y_train, args.num_train, rng)
     X_test, y_test, _ = _subset(ds.X_test, ds.y_test, args.num_test, rng)
@@ -293,10 +360,74 @@ def _build_spec(name: str, ds, num_inducing: int, likelihood=None, options=None)
     return spec
 
 
+def _run_record(args, model_names: list[str], options: dict, paths: dict) -> dict:
+    """Everything that determines the fits of a run (what --resume must find unchanged), as JSON."""
+    return {"data": args.data, "data_paths": paths, "seed": args.seed, "steps": args.steps, "batch_size": args.batch_size,
+            "num_inducing": args.num_inducing, "learning_rate": args.learning_rate, "num_train": args.num_train,
+            "num_test": args.num_test, "likelihood": args.likelihood, "num_draws": args.num_draws,
+            "options": {name: {k: _jsonable(v) for k, v in options[name].items()} for name in model_names},
+            "models": model_names}
+
+
+def _jsonable(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _prepare_output(args, run: dict) -> dict:
+    """Refuse to mix runs in ``--out``: an existing report needs ``--overwrite`` (which removes the
+    report's own files, nothing else) or ``--resume`` (which needs the same settings)."""
+    import json  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+
+    out: Path = args.out
+    if args.resume and args.overwrite:
+        raise UsageError("--resume and --overwrite contradict each other: choose one")
+    present = [e for e in REPORT_ENTRIES if (out / e).exists()]
+    if args.resume:
+        record = out / "run.json"
+        if not record.is_file():
+            raise UsageError(f"--resume: {str(out)!r} holds no run to continue (no run.json); start it without --resume")
+        try:
+            before = json.loads(record.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UsageError(f"--resume: cannot read {str(record)!r} ({exc})") from None
+        if not isinstance(before, dict):
+            raise UsageError(f"--resume: {str(record)!r} is not a run record")
+        differ = [k for k in run if k not in ("models", "options") and before.get(k) != run[k]]
+        differ += [f"{name} options" for name in run["models"]
+                   if name in before.get("models", []) and before.get("options", {}).get(name) != run["options"][name]]
+        if differ:
+            raise UsageError(f"--resume: the run in {str(out)!r} used different settings ({', '.join(differ)}); "
+                             "rerun with those settings, or start afresh with --overwrite")
+        run = {**run, "models": list(dict.fromkeys([*before.get("models", []), *run["models"]]))}
+    elif present and not args.overwrite:
+        raise UsageError(f"--out {str(out)!r} already holds a gpzoo report ({', '.join(present)}); pass --overwrite to "
+                         "replace it or --resume to continue it")
+    elif present:
+        for entry in present:
+            path = out / entry
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return run
+
+
+def _write_run_record(out: Path, run: dict) -> None:
+    import json  # noqa: PLC0415
+
+    tmp = out / ".run.json.tmp"
+    tmp.write_text(json.dumps(run, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, out / "run.json")
+
+
+class Interrupted(Exception):
+    """Ctrl-C during `gpzoo fit`/`compare`: what was kept and how to continue."""
+
+
 def _fit_and_report(args, model_names: list[str], out) -> int:
-    from gpzoo.analysis.report import check_writable, report, summary_columns  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+
+    from gpzoo.analysis.report import check_writable, report, summary_columns, unique_file_stems  # noqa: PLC0415
     from gpzoo.inference.fit import fit  # noqa: PLC0415
-    from gpzoo.inference.io import save  # noqa: PLC0415
+    from gpzoo.inference.io import load, save  # noqa: PLC0415
     from gpzoo.models import zoo  # noqa: PLC0415
 
     if len(set(model_names)) != len(model_names):
@@ -309,14 +440,36 @@ def _fit_and_report(args, model_names: list[str], out) -> int:
     likelihood = _likelihood(args.likelihood, ds)
     specs = {name: _build_spec(name, ds, args.num_inducing, likelihood, options[name])  # all checked before fitting
              for name in model_names}
+    run = _prepare_output(args, _run_record(args, model_names, options, _data_paths(args.data, args.data_paths)))
     check_writable(args.out)
+    _write_run_record(args.out, run)
     batch_size = min(args.batch_size, len(y_train))
+    stems = unique_file_stems(model_names)
     results = {}
     t0 = time.perf_counter()
-    for name, spec in specs.items():
-        results[name] = fit(spec, X_train, y_train, steps=args.steps, batch_size=batch_size, seed=args.seed,
-                            learning_rate=args.learning_rate, progress=not args.quiet)
+    try:
+        for name, spec in specs.items():
+            saved = args.out / "models" / stems[name]
+            if args.resume and (saved / "model.json").is_file():
+                results[name] = load(saved)
+                if not args.quiet:
+                    print(f"{name}: finished in the interrupted run, loaded from {saved}", file=sys.stderr)
+                continue
+            checkpoints = args.out / "checkpoints" / stems[name]
+            checkpoints.mkdir(parents=True, exist_ok=True)
+            results[name] = fit(spec, X_train, y_train, steps=args.steps, batch_size=batch_size, seed=args.seed,
+                                learning_rate=args.learning_rate, progress=not args.quiet, checkpoint_dir=checkpoints,
+                                checkpoint_every=args.checkpoint_every, resume=args.resume)
+            save(results[name], saved)  # written as soon as it is finished: an interruption keeps it
+            shutil.rmtree(checkpoints)
+    except KeyboardInterrupt:
+        done = ", ".join(results) or "none"
+        raise Interrupted(f"interrupted; finished fits are saved in {args.out / 'models'} ({done}) and the running one "
+                          f"has a checkpoint: rerun the same command with --resume to continue") from None
     fit_seconds = time.perf_counter() - t0
+    checkpoint_root = args.out / "checkpoints"
+    if checkpoint_root.is_dir() and not any(checkpoint_root.iterdir()):
+        checkpoint_root.rmdir()
     if not args.quiet:
         print(f"fitted {len(results)} model(s) in {fit_seconds:.1f} s; writing the report (posterior draws, held-out "
               f"and PSIS-LOO checks, figures) to {args.out}", file=sys.stderr, flush=True)
@@ -324,8 +477,9 @@ def _fit_and_report(args, model_names: list[str], out) -> int:
     path = report(results, args.out, X_test=X_test, y_test=y_test, dataset=ds, num_draws=args.num_draws, seed=args.seed,
                   progress=not args.quiet)
     report_seconds = time.perf_counter() - t1
-    for name, res in results.items() if args.save_models else ():
-        save(res, args.out / "models" / name)
+    if not args.save_models:
+        for name in results:
+            shutil.rmtree(args.out / "models" / stems[name], ignore_errors=True)
     _print_summary(path.parent, out, summary_columns)
     print(f"fitted {len(results)} model(s) in {fit_seconds:.1f} s, report in {report_seconds:.1f} s; report: {path}", file=out)
     if args.save_models:
@@ -342,7 +496,7 @@ def _print_summary(out_dir: Path, out, summary_columns) -> None:
     markdown = (out_dir / "report.md").read_text(encoding="utf-8")
     print(markdown.split("**")[1], file=out)  # the ELBO-vs-LOO verdict
     for line in markdown.splitlines():
-        if line.startswith("PSIS-LOO is unreliable"):
+        if line.startswith(("PSIS-LOO is unreliable", "Jitter was raised")):
             print(line, file=out)
 
 
@@ -381,7 +535,9 @@ def _cmd_predict(args, out) -> int:
         raise UsageError(f"--out {str(args.out)!r}: the suffix picks the format, one of {', '.join(PREDICTION_FORMATS)}")
     res = load(args.model)
     seed = res.seed if args.seed is None else args.seed
-    ds = _dataset(args.data, seed, {f"num_{args.split}": args.num_points})
+    paths = _data_paths(args.data, args.data_paths)
+    _check_data_paths(args.data, paths)
+    ds = _dataset(args.data, seed, {f"num_{args.split}": args.num_points}, paths)
     X, y, index = _subset(getattr(ds, f"X_{args.split}"), getattr(ds, f"y_{args.split}"), args.num_points,
                           np.random.default_rng(seed))
     if X.shape[1:] != res.X_train.shape[1:]:
@@ -461,6 +617,9 @@ def main(argv=None) -> int:
     except (GPZooError, OSError) as exc:
         print(f"gpzoo: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_FAILURE
+    except Interrupted as exc:
+        print(f"gpzoo: {_one_line(exc)}", file=sys.stderr)
+        return 130
     except KeyboardInterrupt:
         print("gpzoo: interrupted", file=sys.stderr)
         return 130

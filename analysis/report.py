@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Page", "ReportError", "check_writable", "comparison_figure", "comparison_table", "data_line", "environment",
-    "fit_facts", "heldout_metrics", "hyperparameter_table", "load_report", "netcdf_engine", "ranking_table",
+    "fit_facts", "heldout_metrics", "hyperparameter_table", "jitter_line", "load_report", "netcdf_engine", "ranking_table",
     "settings_line", "unique_file_stems", "verdict",
     "read_datatree", "rebuild_report", "report", "summary_columns", "write_datatree",
 ]
@@ -669,6 +669,21 @@ def environment_line(info: dict) -> str:
             f"Python {env.get('python')}; device {env.get('device')}; created {info.get('created', '')}.")
 
 
+def jitter_line(metrics: Mapping[str, Mapping]) -> str:
+    """A sentence naming the models whose Cholesky factorisations needed more jitter than their spec's
+    during fitting (how often, and the largest), or "" when none did."""
+    found = []
+    for name, m in metrics.items():
+        events = m.get("fit", {}).get("jitter_events") or []
+        if events:
+            largest = max(float(e.get("jitter", math.nan)) for e in events)
+            found.append(f"{name} ({len(events)} time{'s' if len(events) > 1 else ''}, up to {largest:.0e})")
+    if not found:
+        return ""
+    return ("Jitter was raised during fitting for " + ", ".join(found)
+            + ": the kernel matrices were near-singular at those steps; the fit went on with the larger jitter.")
+
+
 _NOTES = (
     "ELBO: full-data evidence lower bound (van der Wilk et al. 2017, eq. 5) ± its Monte Carlo standard error "
     "(0 when analytic); ΔELBO is the gap to the best model. Held-out Δelpd: the best held-out log predictive "
@@ -691,7 +706,9 @@ def _markdown(page: Page) -> str:
     parts = [f"# {page.title}", "", data_line(page.info), "", settings_line(page.info, page.metrics), "",
              environment_line(page.info), "", "## Ranking", "", f"**{headline}**", ""]
     parts += [f"- {item}" for item in items] + ([""] if items else [])
-    parts += [_markdown_table(ranking_table(page.table)), "", _NOTES, ""]
+    parts += [_markdown_table(ranking_table(page.table)), ""]
+    jitter = jitter_line(page.metrics)
+    parts += ([jitter, ""] if jitter else []) + [_NOTES, ""]
     if not page.hyperparameters.empty:
         parts += ["## Hyperparameters", "", _markdown_table(page.hyperparameters.set_index("model")), ""]
     parts += ["## Diagnostic: PSIS-LOO", "", page.loo["sentence"], "", _markdown_table(page.loo["table"]), ""]
@@ -722,6 +739,7 @@ thead th { background: #f4f6f8; }
 .verdict.disagree { background: #fff4e5; border-left-color: #e08a00; }
 .verdict ul { margin: 0.4em 0 0; }
 .notes { font-size: 0.85em; color: #555; }
+.jitter { padding: 0.4em 0.8em; background: #fff8e1; border-left: 4px solid #e0a800; }
 .grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(min(100%, 460px), 1fr)); gap: 1em; align-items: start; }
 figure { margin: 0; }
 figure img { max-width: 100%; height: auto; border: 1px solid #ddd; }
@@ -785,6 +803,7 @@ def _html(page: Page, out: Path) -> str:
 <h2>Ranking</h2>
 <div class="verdict {kind}"><strong>{html.escape(headline)}</strong>{reversal_list}</div>
 {_table_html(ranking_table(page.table))}
+{f'<p class="jitter">{html.escape(jitter_line(page.metrics))}</p>' if jitter_line(page.metrics) else ''}
 <p class="notes">{html.escape(_NOTES)}</p>
 {hyper}
 {_figures_html(by_section["ranking"], out)}

@@ -9,6 +9,7 @@ import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -203,6 +204,7 @@ def fitted_specs(monkeypatch):
 
     monkeypatch.setattr(importlib.import_module("gpzoo.inference.fit"), "fit", fake_fit)
     monkeypatch.setattr(importlib.import_module("gpzoo.analysis.report"), "report", fake_report)
+    monkeypatch.setattr(importlib.import_module("gpzoo.inference.io"), "save", lambda *args, **kwargs: None)
     monkeypatch.delenv("GPZOO_TRACEBACK", raising=False)
     return specs
 
@@ -313,3 +315,86 @@ def test_model_names_never_share_a_report_file():
     stems = unique_file_stems(["a/b", "a_b", "A_B", "a b", "ok"])
     assert len(set(s.lower() for s in stems.values())) == 5
     assert stems["ok"] == "ok" and stems["a/b"] == "a_b" and all("/" not in s for s in stems.values())
+
+
+# ----------------------------------------------------------------------------- runs that are kept and continued
+def test_num_draws_below_the_psis_minimum_is_refused_before_fitting(tmp_path, capsys):
+    from gpzoo.analysis import cli, datatree  # noqa: PLC0415
+
+    assert cli.MIN_DRAWS == datatree.MIN_DRAWS
+    line = _error(["compare", "--data", "two-moons", "--models", "svgp-rbf", "--num-draws", "5", "--out", str(tmp_path / "o")],
+                  capsys, 2)
+    assert "--num-draws" in line and ">= 25" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_existing_report_needs_overwrite_which_removes_only_report_files(compared, tmp_path, capsys):
+    import shutil  # noqa: PLC0415
+
+    _, out, models = compared
+    target = tmp_path / "again"
+    shutil.copytree(out, target)
+    (target / "figures" / "stale_figure.png").write_bytes(b"old")
+    (target / "notes.txt").write_text("mine")
+    argv = ["compare", "--data", "rectangles", "--models", "svgp-rbf", "--out", str(target), *TINY]
+    line = _error(argv, capsys, 2)
+    assert "--overwrite" in line and "--resume" in line
+    assert main(argv + ["--overwrite"]) == 0
+    capsys.readouterr()
+    assert (target / "notes.txt").read_text() == "mine"
+    assert not (target / "figures" / "stale_figure.png").exists()
+    assert pd.read_csv(target / "comparison.csv", index_col="model").index.tolist() == ["svgp-rbf"]
+    assert not (target / "models" / "conv.nc").exists()
+
+
+def test_an_interrupted_compare_keeps_finished_fits_and_resumes(tmp_path, capsys, monkeypatch):
+    import importlib  # noqa: PLC0415 - the package re-exports a function named like the module
+
+    fit_module = importlib.import_module("gpzoo.inference.fit")
+    real_fit, calls = fit_module.fit, []
+
+    def interrupted_on_second(spec, *args, **kwargs):
+        calls.append((spec.name, kwargs))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_fit(spec, *args, **kwargs)
+
+    monkeypatch.setattr(fit_module, "fit", interrupted_on_second)
+    out = tmp_path / "run"
+    argv = ["compare", "--data", "two-moons", "--models", "svgp-rbf,svgp-logistic-pg", "--out", str(out),
+            "--checkpoint-every", "3", *TINY]
+    status, _, err = _run(argv, capsys)
+    assert status == 130 and "--resume" in err and "svgp-rbf" in err
+    first = argv[4].split(",")[0]
+    assert (out / "models" / first / "model.json").is_file()  # kept although the run stopped
+    assert calls[0][1]["checkpoint_every"] == 3 and calls[0][1]["checkpoint_dir"] == out / "checkpoints" / first
+    assert not (out / "report.html").exists()
+
+    monkeypatch.setattr(fit_module, "fit", lambda spec, *a, **k: calls.append((spec.name, k)) or real_fit(spec, *a, **k))
+    status, printed, err = _run(argv + ["--resume", "--steps", "9"], capsys)  # a different setting: refused by name
+    assert status == 2 and "(steps)" in err
+    status, printed, err = _run(argv + ["--resume"], capsys)
+    assert status == 0, err
+    assert [name for name, _ in calls[2:]] == [argv[4].split(",")[1]]  # the finished model was not refitted
+    assert calls[2][1]["resume"] is True
+    assert pd.read_csv(out / "comparison.csv", index_col="model").index.size == 2
+
+
+def test_local_numpy_data_through_data_path(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "bars.npz"
+    images = (rng.random((50, 6, 6)) * 40).astype(np.uint8)
+    labels = rng.integers(0, 2, 50)
+    for n in range(50):
+        images[n, 2, 1:5] = 255 if labels[n] else images[n, 2, 1:5]
+        images[n, 1:5, 2] = images[n, 1:5, 2] if labels[n] else 255
+    np.savez(path, x_train=images[:35], y_train=labels[:35], x_test=images[35:], y_test=labels[35:])
+    line = _error(["compare", "--data", "local-numpy", "--models", "conv", "--out", str(tmp_path / "r")], capsys, 2)
+    assert "--data-path" in line
+    line = _error(["compare", "--data", "two-moons", "--data-path", str(path), "--out", str(tmp_path / "r")], capsys, 2)
+    assert "reads no files" in line
+    code, printed, err = _run(["compare", "--data", "local-numpy", "--data-path", str(path), "--models", "conv",
+                               "--option", "conv.patch_shape=3x3", "--out", str(tmp_path / "r"), *TINY[:2], "--num-inducing", "4",
+                               "--num-draws", "30", "--quiet"], capsys)
+    assert code == 0, err
+    assert "35 training and 15 test points" in (tmp_path / "r" / "report.md").read_text(encoding="utf-8")
