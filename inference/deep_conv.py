@@ -54,7 +54,7 @@ from numpyro.infer.autoguide import AutoNormal
 from gpzoo.inference.conv_layer import identity_mean, layer_covariances
 from gpzoo.inference.elbo import EXPECTED_LOG_LIK, INDUCING_SITE_KEY, LATENT_SITE_KEY
 from gpzoo.inference.guides import InducingPosterior, InducingPrior
-from gpzoo.inference.inducing import InducingVariables, Kuu, initialise_inducing, register_initialiser
+from gpzoo.inference.inducing import InducingVariables, Kuu, check_inducing, initialise_inducing, register_initialiser
 from gpzoo.inference.linalg import cholesky_with_jitter
 from gpzoo.inference.svgp import F_SITE, INDUCING_SITE, KERNEL_SITE, LIKELIHOOD_SITE, MIN_CONDITIONAL_VARIANCE, SVGP, U_SITE, Y_SITE, Parts, has_prior
 from gpzoo.models.errors import InvalidArgumentError
@@ -105,6 +105,15 @@ class DeepInducing(InducingVariables):
     @property
     def num_inducing(self) -> int:
         return self.output.num_inducing
+
+    def check_against(self, kernel, X) -> None:
+        """Eager checks of user-given deep inducing variables: one set per layer of ``kernel``, each
+        checked against its layer's kernel (:func:`~gpzoo.inference.inducing.check_inducing`)."""
+        if not isinstance(kernel, DeepConvolutional) or len(self.layers) != len(kernel.layers):
+            raise InvalidArgumentError("inducing", f"DeepInducing with {len(self.layers)} hidden sets needs a DeepConvolutional "
+                                                   f"kernel with as many hidden layers, got {type(kernel).__name__}")
+        for part, layer in zip(self.layers + (self.output,), kernel.layers + (kernel.output,)):
+            check_inducing(part, layer, X)
 
 
 def _patch_kind(kernel) -> str:

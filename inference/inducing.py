@@ -383,6 +383,10 @@ def check_inducing(inducing, kernel: Kernel, X) -> None:
     kernel's patch size E for patches); typed errors naming ``inducing``."""
     if not isinstance(inducing, InducingVariables):
         raise InvalidArgumentError("inducing", f"expected inducing variables (e.g. InducingPoints(Z)), got {type(inducing).__name__}")
+    own_check = getattr(inducing, "check_against", None)  # containers of per-layer sets (gpzoo.inference.deep_conv)
+    if own_check is not None:
+        own_check(kernel, X)
+        return
     if isinstance(inducing, SeparateInducing):
         if not isinstance(kernel, Sum):
             raise InvalidArgumentError("inducing", f"separate inducing sets need a sum kernel, got {type(kernel).__name__}")

@@ -194,3 +194,15 @@ def test_layers_that_do_not_chain_are_refused():
     with pytest.raises(InvalidArgumentError) as info:
         kernel.K(np.zeros((1, 36)))
     assert info.value.argument == "kernel"
+
+
+def test_user_given_deep_inducing_is_checked_layer_by_layer():
+    """Inducing sets for another depth, or patches of the wrong size in one layer, are refused before any tracing."""
+    X, y = _data()
+    spec = _spec("deep-conv", num_layers=2)
+    inducing = initialise_inducing(spec.inducing, spec.kernel, X, M, jax.random.PRNGKey(0), spec.inducing_init)
+    for wrong in (DeepInducing((), inducing.output),
+                  DeepInducing((type(inducing.layers[0])(inducing.layers[0].Z[:, :4]),), inducing.output)):
+        with pytest.raises(InvalidArgumentError) as info:
+            fit(spec, X, y, steps=1, inducing=wrong, progress=False)
+        assert info.value.argument == "inducing"
