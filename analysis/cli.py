@@ -75,6 +75,17 @@ _positive_int = _int_at_least(1, "positive")
 _non_negative_int = _int_at_least(0, "non-negative")
 
 
+def _seed_list(text: str) -> list[int]:
+    """An argparse type: distinct non-negative integers separated by commas."""
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"expected distinct non-negative integers separated by commas, got {text!r}")
+    return seeds
+
+
 def _count_or_all(text: str) -> int | None:
     if text == "all":
         return None
@@ -109,6 +120,9 @@ def _add_fit_options(parser, *, data_default):
     parser.add_argument("--batch-size", type=_positive_int, default=DEFAULTS["batch_size"],
                         help="minibatch size, capped at the training-set size (default %(default)s)")
     parser.add_argument("--seed", type=_non_negative_int, default=0, help="seed of data generation and fitting (default 0)")
+    parser.add_argument("--seeds", type=_seed_list, default=None, metavar="S1,S2,...",
+                        help="fit every model once per seed (the data stay those of --seed); the report adds mean ± s.d. "
+                             "over seeds and its verdict accounts for the seed spread")
     parser.add_argument("--num-inducing", type=_positive_int, default=DEFAULTS["num_inducing"],
                         help="inducing points / patches per model (default %(default)s)")
     parser.add_argument("--learning-rate", type=_positive_float, default=DEFAULTS["learning_rate"], help="Adam learning rate (default %(default)s)")
@@ -362,11 +376,22 @@ def _build_spec(name: str, ds, num_inducing: int, likelihood=None, options=None)
 
 def _run_record(args, model_names: list[str], options: dict, paths: dict) -> dict:
     """Everything that determines the fits of a run (what --resume must find unchanged), as JSON."""
-    return {"data": args.data, "data_paths": paths, "seed": args.seed, "steps": args.steps, "batch_size": args.batch_size,
+    return {"data": args.data, "data_paths": paths, "seed": args.seed, "seeds": _fit_seeds(args), "steps": args.steps, "batch_size": args.batch_size,
             "num_inducing": args.num_inducing, "learning_rate": args.learning_rate, "num_train": args.num_train,
             "num_test": args.num_test, "likelihood": args.likelihood, "num_draws": args.num_draws,
             "options": {name: {k: _jsonable(v) for k, v in options[name].items()} for name in model_names},
             "models": model_names}
+
+
+def _fit_seeds(args) -> list[int]:
+    return list(args.seeds) if args.seeds else [args.seed]
+
+
+def _run_names(model_names: list[str], seeds: list[int]) -> dict[str, tuple[str, int]]:
+    """``{run name: (model, seed)}``: the model's name alone for a single seed, else ``"MODEL seed S"``."""
+    if len(seeds) == 1:
+        return {name: (name, seeds[0]) for name in model_names}
+    return {f"{name} seed {seed}": (name, seed) for name in model_names for seed in seeds}
 
 
 def _jsonable(value):
@@ -444,11 +469,13 @@ def _fit_and_report(args, model_names: list[str], out) -> int:
     check_writable(args.out)
     _write_run_record(args.out, run)
     batch_size = min(args.batch_size, len(y_train))
-    stems = unique_file_stems(model_names)
+    runs = _run_names(model_names, _fit_seeds(args))
+    stems = unique_file_stems(list(runs))
     results = {}
     t0 = time.perf_counter()
     try:
-        for name, spec in specs.items():
+        for name, (model, seed) in runs.items():
+            spec = specs[model]
             saved = args.out / "models" / stems[name]
             if args.resume and (saved / "model.json").is_file():
                 results[name] = load(saved)
@@ -457,7 +484,7 @@ def _fit_and_report(args, model_names: list[str], out) -> int:
                 continue
             checkpoints = args.out / "checkpoints" / stems[name]
             checkpoints.mkdir(parents=True, exist_ok=True)
-            results[name] = fit(spec, X_train, y_train, steps=args.steps, batch_size=batch_size, seed=args.seed,
+            results[name] = fit(spec, X_train, y_train, steps=args.steps, batch_size=batch_size, seed=seed,
                                 learning_rate=args.learning_rate, progress=not args.quiet, checkpoint_dir=checkpoints,
                                 checkpoint_every=args.checkpoint_every, resume=args.resume)
             save(results[name], saved)  # written as soon as it is finished: an interruption keeps it
@@ -475,7 +502,7 @@ def _fit_and_report(args, model_names: list[str], out) -> int:
               f"and PSIS-LOO checks, figures) to {args.out}", file=sys.stderr, flush=True)
     t1 = time.perf_counter()
     path = report(results, args.out, X_test=X_test, y_test=y_test, dataset=ds, num_draws=args.num_draws, seed=args.seed,
-                  progress=not args.quiet)
+                  progress=not args.quiet, groups={name: model for name, (model, _) in runs.items()} if args.seeds else None)
     report_seconds = time.perf_counter() - t1
     if not args.save_models:
         for name in results:

@@ -48,6 +48,8 @@ __all__ = [
     "Reversal",
     "heldout_reversals",
     "ranking_reversals",
+    "seed_reversals",
+    "seed_summary",
 ]
 
 
@@ -342,3 +344,54 @@ def elbo_traces_figure(results: Mapping[str, FitResult | xr.DataTree]) -> Figure
     ax.legend(fontsize="small")
     ax.grid(alpha=0.3)
     return fig
+
+
+# ----------------------------------------------------------------------------- seeds
+#: Columns of a comparison table summarised over seeds (those present).
+SEED_COLUMNS = ("elbo", "elpd_test", "test_accuracy", "test_rmse", "test_nll", "test_ece", "test_crps", "fit_seconds")
+
+
+def seed_summary(table: pd.DataFrame, groups: Mapping[str, str]) -> pd.DataFrame:
+    """Mean and standard deviation over seeds of every :data:`SEED_COLUMNS` column, one row per model.
+
+    ``table`` has one row per run (a model fitted with one seed, as :func:`~gpzoo.analysis.report.comparison_table`
+    gives it); ``groups`` maps each run to its model. Rows are ordered by mean ELBO, best first;
+    ``num_seeds`` counts the runs; a single run has standard deviation NaN.
+    """
+    missing = [run for run in table.index if run not in groups]
+    if missing:
+        raise InvalidArgumentError("groups", f"runs {missing} have no model")
+    columns = [c for c in SEED_COLUMNS if c in table.columns]
+    grouped = table[columns].groupby(pd.Series({run: groups[run] for run in table.index}), sort=False)
+    summary = grouped.mean().add_suffix("_mean").join(grouped.std(ddof=1).add_suffix("_sd"))
+    summary.insert(0, "num_seeds", grouped.size())
+    summary.index.name = "model"
+    return summary.sort_values("elbo_mean", ascending=False, kind="stable")
+
+
+def seed_reversals(summary: pd.DataFrame, datatrees: Mapping[str, xr.DataTree], groups: Mapping[str, str],
+                   seeds: Mapping[str, int]) -> list[Reversal]:
+    """Pairs of models that mean ELBO and mean held-out elpd (over seeds) order differently.
+
+    The held-out difference of two models is taken seed by seed (runs with the same seed, paired
+    over the shared test points) and averaged; its standard error combines the spread over seeds,
+    sd(d_s)/√n, with the test-point error of the mean, √(Σ_s se_s²)/n.
+    """
+    runs = {(groups[run], seeds[run]): run for run in groups}
+    elbo = pd.DataFrame({"rank": np.arange(len(summary)), "elbo": summary["elbo_mean"].to_numpy(),
+                         "elbo_se": (summary["elbo_sd"].fillna(0.0) / np.sqrt(summary["num_seeds"])).to_numpy()},
+                        index=summary.index)
+    by_heldout = summary.sort_values("elpd_test_mean", ascending=False, kind="stable")
+    heldout = pd.DataFrame({"rank": np.arange(len(by_heldout))}, index=by_heldout.index)
+
+    def difference(a, b):
+        shared = sorted(seed for (model, seed) in runs if model == a and (b, seed) in runs)
+        if not shared:
+            return math.nan, math.nan
+        pairs = [paired_heldout_difference(datatrees, runs[(a, s)], runs[(b, s)]) for s in shared]
+        d = np.array([p[0] for p in pairs])
+        se_points = math.sqrt(sum(p[1] ** 2 for p in pairs)) / len(pairs)
+        se_seeds = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else 0.0
+        return float(d.mean()), math.hypot(se_points, se_seeds)
+
+    return ranking_reversals(elbo, heldout, difference, "held-out elpd (mean over seeds)")

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Page", "ReportError", "check_writable", "comparison_figure", "comparison_table", "data_line", "environment",
     "fit_facts", "heldout_metrics", "hyperparameter_table", "jitter_line", "load_report", "netcdf_engine", "ranking_table",
-    "settings_line", "unique_file_stems", "verdict",
+    "seeds_table", "settings_line", "unique_file_stems", "verdict",
     "read_datatree", "rebuild_report", "report", "summary_columns", "write_datatree",
 ]
 
@@ -143,18 +143,23 @@ def _save_figure(fig, path: Path, *, tight: bool = True) -> Path:
 
 # ----------------------------------------------------------------------------- report
 def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset=None, num_draws: int = 200,
-           num_elbo_samples: int = 32, seed: int = 0, progress: bool = False) -> Path:
+           num_elbo_samples: int = 32, seed: int = 0, progress: bool = False, groups: Mapping[str, str] | None = None) -> Path:
     """Write the full report of ``results`` (fitted on the same training data) to ``out_dir``.
 
     ``X_test``/``y_test`` are the held-out points; ``dataset`` (an ``analysis.datasets.Dataset``,
     optional) adds its name, description and full split sizes. ``progress`` shows a progress bar
-    over the models (on stderr). Returns the path of ``report.html``.
+    over the models (on stderr). ``groups`` maps each entry of ``results`` to a model name when
+    entries are the same model fitted with different seeds (``FitResult.seed``): the report then
+    also summarises every model over its seeds (mean ± s.d.) and its verdict uses the seed spread.
+    Returns the path of ``report.html``.
     """
     from gpzoo.analysis.compare import elbo_estimates  # noqa: PLC0415 - JAX-heavy; keeps `import gpzoo.analysis` light
     from gpzoo.analysis.datatree import to_datatree  # noqa: PLC0415
 
     if not isinstance(results, Mapping) or not results:
         raise InvalidArgumentError("results", "expected a non-empty dict {name: FitResult}")
+    if groups is not None and (not isinstance(groups, Mapping) or set(groups) != set(results)):
+        raise InvalidArgumentError("groups", "expected a dict {result name: model name} with an entry for every result")
     out = _prepare_dir(out_dir)
     files = unique_file_stems(list(results))
     static_figures = {}
@@ -193,6 +198,8 @@ def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset
         "settings": {"num_draws": num_draws, "num_elbo_samples": num_elbo_samples, "seed": seed},
         "environment": environment(),
     }
+    if groups is not None:
+        info["groups"] = {name: str(groups[name]) for name in results}
     _write_json(out / "report.json", info)
     return rebuild_report(out)
 
@@ -364,7 +371,8 @@ def load_report(out_dir) -> tuple[dict, dict[str, xr.DataTree], dict[str, dict]]
 
 def rebuild_report(out_dir) -> Path:
     """Regenerate comparison.csv, the figures, report.md and report.html from ``out_dir/models``."""
-    from gpzoo.analysis.compare import compare_heldout, compare_loo, elbo_table, heldout_reversals  # noqa: PLC0415
+    from gpzoo.analysis.compare import (  # noqa: PLC0415
+        compare_heldout, compare_loo, elbo_table, heldout_reversals, seed_reversals, seed_summary)
 
     out = Path(out_dir)
     info, trees, metrics = load_report(out)
@@ -375,7 +383,13 @@ def rebuild_report(out_dir) -> Path:
     test = {name: heldout_metrics(dt) for name, dt in trees.items()}
     table = comparison_table(elbo, loo, test, metrics, heldout)
     table.to_csv(out / "comparison.csv", float_format="%.10g")
-    page = Page(info=info, table=table, reversals=heldout_reversals(elbo, trees),
+    seeds, reversals = None, heldout_reversals(elbo, trees)
+    groups = info.get("groups")
+    if isinstance(groups, dict) and set(groups) == set(trees) and len(set(groups.values())) < len(groups):
+        seeds = seed_summary(table, groups)
+        seeds.to_csv(out / "seeds.csv", float_format="%.10g")
+        reversals = seed_reversals(seeds, trees, groups, {name: int(m["fit"].get("seed", 0)) for name, m in metrics.items()})
+    page = Page(info=info, table=table, reversals=reversals, seeds=seeds,
                 loo=_loo_diagnostic(loo, elbo, {name: int(dt.attrs.get("num_train", 0)) for name, dt in trees.items()}),
                 figures=_write_figures(out, info, trees, loo, heldout), parameters=_parameter_tables(metrics),
                 hyperparameters=hyperparameter_table(metrics), metrics=metrics)
@@ -522,6 +536,7 @@ class Page:
     parameters: dict
     hyperparameters: pd.DataFrame
     metrics: Mapping[str, Mapping]
+    seeds: pd.DataFrame | None = None
 
     @property
     def title(self) -> str:
@@ -565,6 +580,25 @@ def ranking_table(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+#: Columns of the across-seeds table: summary column stem -> heading.
+_SEED_HEADINGS = {"elbo": "ELBO", "elpd_test": "held-out elpd", "test_accuracy": "accuracy", "test_rmse": "RMSE",
+                  "test_nll": "NLL", "test_ece": "ECE", "test_crps": "CRPS", "fit_seconds": "fit time (s)"}
+
+
+def seeds_table(seeds: pd.DataFrame) -> pd.DataFrame:
+    """The across-seeds table: one row per model (mean-ELBO order), each metric as mean ± s.d. over seeds."""
+    rows = {}
+    for name, row in seeds.iterrows():
+        cells = {"seeds": str(int(row["num_seeds"]))}
+        for stem, heading in _SEED_HEADINGS.items():
+            if f"{stem}_mean" in seeds.columns:
+                cells[f"{heading} (mean ± s.d.)"] = f"{_fmt(row[f'{stem}_mean'])} ± {_fmt(row[f'{stem}_sd'])}"
+        rows[name] = cells
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    out.index.name = "model"
+    return out
+
+
 def _fmt(value) -> str:
     if isinstance(value, (float, np.floating)):
         if math.isnan(value):
@@ -579,6 +613,15 @@ def verdict(reversals) -> tuple[str, list[str], str]:
     """(headline, one sentence per reversal, kind ``agree``/``noise``/``disagree``) of the ELBO-vs-held-out check."""
     if not reversals:
         return "The ELBO and the held-out elpd rank the models in the same order.", [], "agree"
+    if "seeds" in reversals[0].criterion:
+        significant = [r for r in reversals if r.significant]
+        if not significant:
+            return ("The mean ELBO and the mean held-out elpd over seeds order some models differently, each time "
+                    "within two standard errors (seed spread and test points): those models cannot be told apart.",
+                    [r.sentence() for r in reversals], "noise")
+        return ("The mean ELBO and the mean held-out elpd over seeds disagree: the held-out data prefer a model the "
+                "ELBO ranks lower by more than two standard errors (seed spread and test points).",
+                [r.sentence() for r in significant], "disagree")
     significant = [r for r in reversals if r.significant]
     if not significant:
         return ("The ELBO and the held-out elpd order some models differently, each time within two paired standard "
@@ -654,11 +697,15 @@ def settings_line(info: dict, metrics: Mapping[str, Mapping]) -> str:
              f"batch size {_common(f.get('batch_size') for f in fits)}",
              f"learning rate {_common(f.get('learning_rate', math.nan) for f in fits)}",
              f"M = {_common(f.get('num_inducing') for f in fits)} inducing variables",
-             f"seed {_common(f.get('seed') for f in fits)}"]
+             _seeds_text(sorted({f.get("seed") for f in fits if f.get("seed") is not None}))]
     if s:
         parts.append(f"{s.get('num_draws', '?')} posterior draws per model, ELBO from {s.get('num_elbo_samples', '?')} "
                      "Monte Carlo samples where it is not analytic")
     return "Settings: " + ", ".join(parts) + "."
+
+
+def _seeds_text(seeds: list) -> str:
+    return f"seed {seeds[0]}" if len(seeds) == 1 else "seeds " + ", ".join(str(s) for s in seeds)
 
 
 def environment_line(info: dict) -> str:
@@ -706,6 +753,9 @@ def _markdown(page: Page) -> str:
     parts = [f"# {page.title}", "", data_line(page.info), "", settings_line(page.info, page.metrics), "",
              environment_line(page.info), "", "## Ranking", "", f"**{headline}**", ""]
     parts += [f"- {item}" for item in items] + ([""] if items else [])
+    if page.seeds is not None:
+        parts += ["Across seeds (every column in [seeds.csv](seeds.csv)):", "", _markdown_table(seeds_table(page.seeds)), "",
+                  "Every run:", ""]
     parts += [_markdown_table(ranking_table(page.table)), ""]
     jitter = jitter_line(page.metrics)
     parts += ([jitter, ""] if jitter else []) + [_NOTES, ""]
@@ -768,6 +818,13 @@ def _figures_html(figures: list[dict], out: Path) -> str:
     return f'<div class="grid">{"".join(items)}</div>' if items else ""
 
 
+def _seeds_html(seeds: pd.DataFrame | None) -> str:
+    if seeds is None:
+        return ""
+    return ('<p class="notes">Across seeds (every column in <a href="seeds.csv">seeds.csv</a>):</p>\n'
+            + _table_html(seeds_table(seeds)) + '\n<p class="notes">Every run:</p>\n')
+
+
 def _html(page: Page, out: Path) -> str:
     headline, items, kind = verdict(page.reversals)
     reversal_list = "<ul>" + "".join(f"<li>{html.escape(i)}</li>" for i in items) + "</ul>" if items else ""
@@ -802,7 +859,7 @@ def _html(page: Page, out: Path) -> str:
 <p class="meta">{html.escape(environment_line(page.info))}</p>
 <h2>Ranking</h2>
 <div class="verdict {kind}"><strong>{html.escape(headline)}</strong>{reversal_list}</div>
-{_table_html(ranking_table(page.table))}
+{_seeds_html(page.seeds)}{_table_html(ranking_table(page.table))}
 {f'<p class="jitter">{html.escape(jitter_line(page.metrics))}</p>' if jitter_line(page.metrics) else ''}
 <p class="notes">{html.escape(_NOTES)}</p>
 {hyper}

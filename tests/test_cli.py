@@ -398,3 +398,26 @@ def test_local_numpy_data_through_data_path(tmp_path, capsys):
                                "--num-draws", "30", "--quiet"], capsys)
     assert code == 0, err
     assert "35 training and 15 test points" in (tmp_path / "r" / "report.md").read_text(encoding="utf-8")
+
+
+def test_seeds_fit_every_model_per_seed_and_summarise(tmp_path, capsys):
+    import json  # noqa: PLC0415
+
+    out = tmp_path / "seeds"
+    code, printed, err = _run(["compare", "--data", "two-moons", "--models", "svgp-rbf,svgp-logistic-pg", "--seeds", "0,1",
+                               "--out", str(out), *TINY], capsys)
+    assert code == 0, err
+    runs = pd.read_csv(out / "comparison.csv", index_col="model")
+    assert sorted(runs.index) == sorted(f"{m} seed {s}" for m in ("svgp-rbf", "svgp-logistic-pg") for s in (0, 1))
+    seeds = {m: json.loads((out / "models" / f"{m.replace(' ', '_')}.json").read_text())["fit"]["seed"] for m in runs.index}
+    assert all(seeds[name] == int(name.rsplit(" ", 1)[1]) for name in runs.index)
+    summary = pd.read_csv(out / "seeds.csv", index_col="model")
+    assert sorted(summary.index) == ["svgp-logistic-pg", "svgp-rbf"] and (summary["num_seeds"] == 2).all()
+    for model in summary.index:
+        mine = runs.loc[[f"{model} seed 0", f"{model} seed 1"], "elbo"]
+        assert summary.loc[model, "elbo_mean"] == pytest.approx(mine.mean())
+        assert summary.loc[model, "elbo_sd"] == pytest.approx(mine.std(ddof=1))
+    md = (out / "report.md").read_text(encoding="utf-8")
+    assert "Across seeds" in md and "seeds 0, 1" in md
+    line = _error(["compare", "--seeds", "1,1", "--out", str(tmp_path / "x")], capsys, 2)
+    assert "--seeds" in line

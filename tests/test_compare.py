@@ -171,3 +171,28 @@ def test_verdict_separates_agreement_noise_and_disagreement():
     assert kind == "disagree" and "disagree" in headline and items == [reversal.sentence()]
     noise = Reversal("b", "a", 10.0, 0.0, 1.0, 0.8, "held-out elpd")
     assert not noise.significant and verdict([noise])[2] == "noise"
+
+
+def test_seed_reversals_count_the_spread_over_seeds():
+    from gpzoo.analysis.compare import seed_reversals, seed_summary  # noqa: PLC0415
+
+    rng = np.random.default_rng(2)
+    base = rng.normal(-1.0, 0.5, 200)
+    # held-out: b beats a by 0.05 per point on average, but by +0.25 or -0.15 depending on the seed
+    shifts = {0: 0.25, 1: -0.15, 2: 0.05}
+    trees, groups, seeds, rows = {}, {}, {}, {}
+    for s, shift in shifts.items():
+        for model, offset in (("a", 0.0), ("b", shift)):
+            run = f"{model}{s}"
+            trees[run] = _heldout_tree((base + offset)[None] + 0.001 * rng.normal(size=(1, 200)))
+            groups[run], seeds[run] = model, s
+            rows[run] = {"elbo": (-10.0 if model == "a" else -12.0) + 0.1 * s,
+                         "elpd_test": float(np.sum(base + offset))}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    summary = seed_summary(table, groups)
+    assert list(summary.index) == ["a", "b"] and (summary["num_seeds"] == 3).all()
+    (reversal,) = seed_reversals(summary, trees, groups, seeds)
+    per_seed = np.array([200 * v for v in shifts.values()])
+    assert reversal.d_heldout == pytest.approx(per_seed.mean(), rel=0.01)
+    assert reversal.d_heldout_se >= per_seed.std(ddof=1) / np.sqrt(3) * 0.99  # the seed spread is part of the error
+    assert not reversal.significant  # 10 ± 23 nats: within the spread over seeds
