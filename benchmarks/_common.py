@@ -91,6 +91,16 @@ def reproduction_parser(description: str, experiments, *, default: str, out: Pat
     return parser
 
 
+def apply_quick(args, *, max_train: int, max_test: int) -> None:
+    """``--quick``: a few steps on a few images with a few inducing points (plumbing only; numbers meaningless)."""
+    args.steps = args.steps or 2
+    args.max_train = args.max_train or max_train
+    args.max_test = args.max_test or max_test
+    args.num_inducing = args.num_inducing or 4
+    args.batch_size = min(args.batch_size or 20, 20)
+    args.elbo_samples = min(args.elbo_samples, 2)
+
+
 def run_and_merge(names, out: Path, run: Callable[[str], dict], combine: Callable[[str, dict | None, dict], dict]) -> dict:
     """Run experiment ``name`` for each of ``names`` and merge ``combine(name, previous, payload)`` into ``out``.
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from _common import machine_info, now, reproduction_parser, run_and_merge  # noqa: E402
+from _common import apply_quick, machine_info, now, reproduction_parser, run_and_merge  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "reproduce_conv.json"
 SEED = 0
@@ -224,13 +224,8 @@ def parse_args(argv=None):
     parser.add_argument("--rbf-inducing", type=int, help="override M of the RBF baseline")
     args = parser.parse_args(argv)
     if args.quick:
-        args.steps = args.steps or 2
-        args.max_train = args.max_train or 60
-        args.max_test = args.max_test or 40
-        args.num_inducing = args.num_inducing or 4
+        apply_quick(args, max_train=60, max_test=40)
         args.rbf_inducing = args.rbf_inducing or 8
-        args.batch_size = min(args.batch_size, 20)
-        args.elbo_samples = min(args.elbo_samples, 2)
     return args
 
 

@@ -37,7 +37,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from _common import machine_info, now, reproduction_parser, run_and_merge  # noqa: E402
+from _common import apply_quick, machine_info, now, reproduction_parser, run_and_merge  # noqa: E402
 from reproduce_conv import subsample  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "reproduce_tick.json"
@@ -222,12 +222,7 @@ def parse_args(argv=None):
     parser = reproduction_parser(__doc__.split("\n")[0], EXPERIMENTS, default="e2", out=OUT, seed=SEED)
     args = parser.parse_args(argv)
     if args.quick:
-        args.steps = args.steps or 2
-        args.max_train = args.max_train or 40
-        args.max_test = args.max_test or 20
-        args.num_inducing = args.num_inducing or 4
-        args.batch_size = args.batch_size or 20
-        args.elbo_samples = min(args.elbo_samples, 2)
+        apply_quick(args, max_train=40, max_test=20)
     return args
 
 
