@@ -97,6 +97,7 @@ __all__ = [
     "skr_noise",
     "skr_noise_shapes",
     "wishart_from_noise",
+    "compiled_train_step",
     "train_dkm",
 ]
 
@@ -633,7 +634,7 @@ def gram_condition_numbers(params) -> dict[str, float]:
 _STEP_CACHE: "weakref.WeakKeyDictionary[DKMConfig, dict]" = weakref.WeakKeyDictionary()
 
 
-def _train_step(config: DKMConfig, num_data: int, batch_size: int, b1: float, b2: float):
+def compiled_train_step(config: DKMConfig, num_data: int, batch_size: int, b1: float, b2: float):
     """The jitted Adam step for one config and data size, compiled once and cached per config.
 
     ν and the learning rate are arguments, so runs that differ only in them share the compile.
@@ -681,7 +682,7 @@ def train_dkm(params, config: DKMConfig, X, y, *, steps: int, key, batch_size: i
     X, y = jnp.asarray(X), jnp.asarray(y)
     N = X.shape[0]
     B = N if batch_size is None else min(int(batch_size), N)
-    adam, step = _train_step(config, N, B, b1, b2)
+    adam, step = compiled_train_step(config, N, B, b1, b2)
     params = jax.tree_util.tree_map(lambda a: jnp.array(a, dtype=jnp.result_type(a)), params)  # no weak types
     opt_state = adam.init(params)
     dtype = jax.tree_util.tree_leaves(params)[0].dtype

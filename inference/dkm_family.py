@@ -57,7 +57,6 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
-from numpyro.distributions.kl import kl_divergence
 
 from gpzoo.inference import dkm
 from gpzoo.inference.elbo import EXPECTED_LOG_LIK, INDUCING_SITE_KEY, LATENT_SITE_KEY
@@ -66,7 +65,7 @@ from gpzoo.inference.inducing import register_initialiser
 from gpzoo.inference.linalg import float_dtype
 from gpzoo.inference.results import FitResult
 from gpzoo.inference.runner import FitSettings
-from gpzoo.inference.svgp import F_SITE, LIKELIHOOD_SITE, MIN_CONDITIONAL_VARIANCE, U_SITE, Y_SITE
+from gpzoo.inference.svgp import F_SITE, LIKELIHOOD_SITE, MIN_CONDITIONAL_VARIANCE, SVGP, U_SITE, Y_SITE
 from gpzoo.inference.svi import fit_svi
 from gpzoo.models.dkm import DKMConfig
 from gpzoo.models.errors import InvalidArgumentError, NumericalError, TrainingError
@@ -154,12 +153,14 @@ class DKMParts:
     q_sqrt: jax.Array | None = None  # [L, P, P] (one shared factor, broadcast)
 
 
-class DeepKernelMachine:
-    """Model family of the ``dkm`` / ``conv-dkm`` zoo entries: the NumPyro program of the module docstring."""
+class DeepKernelMachine(SVGP):
+    """Model family of the ``dkm`` / ``conv-dkm`` zoo entries: the NumPyro program of the module docstring.
 
-    needs_data_indices = False
-    hyper_guide = None
-    auxiliary_sites: tuple[str, ...] = ()
+    An :class:`~gpzoo.inference.svgp.SVGP` whose inducing prior p(u) = N(0, K_out,ii) comes out of
+    the Gram layers (the spec is unwhitened with a full q(u), so SVGP's ``prior``/``posterior``,
+    expected log-likelihood and predictive moments apply as they are); the network replaces
+    Kuu/Kuf, and ``kl`` adds the Gram layers' terms.
+    """
 
     def __init__(self, spec, inducing: GramInitialisation, num_latent: int):
         if not isinstance(spec.kernel, DKMConfig):
@@ -168,7 +169,8 @@ class DeepKernelMachine:
             raise InvalidArgumentError("inducing", f"method 'dkm' needs a GramInitialisation, got {type(inducing).__name__}")
         if spec.kernel.num_outputs != num_latent:
             raise InvalidArgumentError("num_latent", f"the DKM has {spec.kernel.num_outputs} outputs, the likelihood needs {num_latent}")
-        self.spec, self.inducing, self.num_latent = spec, inducing, num_latent
+        self.spec, self.inducing, self.num_latent = spec, inducing, num_latent  # SVGP.__init__ factorises a Kuu: not here
+        self.hyper_guide = None
         self.config: DKMConfig = spec.kernel
         self.num_groups = 1
         self._checks = None  # the compiled test-mode checks (network_diagnostics)
@@ -239,35 +241,11 @@ class DeepKernelMachine:
         K, L, _, _, ok = self.network(parts.network, X)
         return self._moments(K, L, ok, parts.q_mu, parts.q_sqrt, "full")
 
-    def predictive_moments(self, parts: DKMParts, X, key):
-        """q(f*) moments ``[N, L]``, y* moments and class probabilities (None unless classifying) at X."""
-        mean, var = self.latent_moments(parts, X)
-        y_mean, y_var = parts.likelihood.predict_mean_and_var(mean, var)
-        classify = parts.likelihood.task in ("binary", "multiclass")
-        return mean, var, y_mean, y_var, parts.likelihood.predict_probs(mean, var, key=key) if classify else None
-
-    @property
-    def stochastic_expectation(self) -> bool:
-        return bool(self.spec.likelihood.stochastic_expectation)
-
-    def expected_log_lik(self, parts: DKMParts, X, y, key=None):
-        mean, var = self.latent_moments(parts, X)
-        return parts.likelihood.variational_expectation(y, mean, var, key=key)
-
-    def data_term_inputs(self, X, y, data_indices=None, num_data=None) -> dict:
-        return {}
-
-    def prior(self, parts: DKMParts) -> InducingPrior:
-        return InducingPrior(parts.Luu, self.num_latent, False)
-
-    def posterior(self, parts: DKMParts) -> InducingPosterior:
-        return InducingPosterior(parts.q_mu, parts.q_sqrt, "full")
-
     def kl(self, parts: DKMParts):
         """Every KL term of the objective (test-mode network): Σ_ℓ ν_ℓ KL_ℓ + KL(q(u) ‖ p(u))."""
         _, _, _, aux, _ = self.network(parts.network, self._zero_input(parts.network))
         gram = sum(self.config.layer_nu(i) * aux["kl"][dkm.layer_name(i)] for i in range(self.config.num_layers))
-        return gram + kl_divergence(self.posterior(parts), self.prior(parts))
+        return gram + super().kl(parts)
 
     # ------------------------------------------------------------------ NumPyro program
     def model(self, X, y=None, num_data=None, data_indices=None):
@@ -288,7 +266,7 @@ class DeepKernelMachine:
 
             infer = {EXPECTED_LOG_LIK: expected_log_lik, INDUCING_SITE_KEY: U_SITE, LATENT_SITE_KEY: F_SITE}
         with numpyro.plate("data", num_data or batch, subsample_size=batch):
-            f = numpyro.sample(F_SITE, self._latent(K, L, ok, u))  # [B, L]
+            f = numpyro.sample(F_SITE, self._conditional_distribution(K, L, ok, u))  # [B, L]
             numpyro.sample(Y_SITE, likelihood.distribution(f), obs=self._observed(y), infer=infer)
 
     def guide(self, X, y=None, num_data=None, data_indices=None):
@@ -299,16 +277,12 @@ class DeepKernelMachine:
         u = numpyro.sample(U_SITE, InducingPosterior(q_mu, q_sqrt, "full"))  # [L, P]
         batch = X.shape[0]
         with numpyro.plate("data", num_data or batch, subsample_size=batch):
-            numpyro.sample(F_SITE, self._latent(K, L, ok, u))  # [B, L]
+            numpyro.sample(F_SITE, self._conditional_distribution(K, L, ok, u))  # [B, L]
 
-    def _latent(self, K, L, ok, u) -> dist.Distribution:
+    def _conditional_distribution(self, K, L, ok, u) -> dist.Distribution:
+        """p(f | u) as independent Normals: batch ``[B]``, event ``[L]``."""
         mean, var = self._moments(K, L, ok, u, jnp.zeros_like(u), "diag")  # [B, L] x2
         return dist.Normal(mean, jnp.sqrt(jnp.maximum(var, MIN_CONDITIONAL_VARIANCE))).to_event(1)
-
-    def _observed(self, y):
-        if y is None or self.spec.likelihood.task == "regression":
-            return y
-        return jnp.asarray(y).astype(jnp.int32)
 
     # ------------------------------------------------------------------ fitting hooks
     def jitter_used(self, params) -> jax.Array:
@@ -318,9 +292,6 @@ class DeepKernelMachine:
         model's ``jitter`` site holds the output layer's).
         """
         return jnp.asarray(self.spec.jitter)
-
-    def check_analytic_kl(self) -> None:
-        """The u-KL is the registered Gaussian pair (InducingPosterior, InducingPrior); the Gram terms are factors."""
 
     def network_diagnostics(self, params, X) -> dict:
         """Test-mode numerics at constrained ``params`` on X ``[B, D]`` (one compiled program per family)."""

@@ -1,0 +1,49 @@
+"""The deep-kernel-machine benchmark scripts still run against the library (tiny settings).
+
+The full runs are ``-m benchmark``: the §4.2 toy grid, the conv ablation (3 configurations × 3
+seeds) and the step timing; the quick toy grid is ``slow``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_benchmarks_smoke import _load
+
+
+@pytest.mark.slow
+def test_sine_toy_records_a_condition_trace_per_run(tmp_path):
+    toy = _load("dkm_sine_toy")
+    out = tmp_path / "toy.json"
+    toy.main(["--quick", "--steps", "20", "--record-every", "10", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["settings"]["num_inducing"] == 100 and report["settings"]["dtype"] == "float64"
+    runs = [r for sweep in report["results"].values() for r in sweep]
+    assert len(runs) == 2 + 3 + 3
+    for r in runs:
+        assert r["failure"] is None and [s for s, _ in r["condition_trace"]] == [10, 20]
+        assert all(c >= 1.0 for _, c in r["condition_trace"]) and 0.0 <= r["train_accuracy"] <= 1.0
+
+
+@pytest.mark.benchmark
+def test_conv_ablation_quick(tmp_path):
+    repro = _load("reproduce_dkm")
+    out = tmp_path / "repro.json"
+    repro.main(["--quick", "--depth", "2", "--width", "4", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert [r["config"] for r in report["runs"]] == ["full", "no_skr", "no_taylor"]
+    for r in report["runs"]:
+        assert r["failed"] or 0.0 <= r["test_accuracy"] <= 1.0
+
+
+@pytest.mark.benchmark
+def test_step_benchmark_is_like_for_like(tmp_path):
+    step = _load("dkm_step")
+    out = tmp_path / "step.json"
+    step.main(["--repeats", "1", "--steps", "1", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["like_for_like"]["loss_rel_diff"] < 1e-3  # the same objective (MC softmax noise aside)
+    assert report["gpzoo"]["step_s"] > 0 and report["straightforward"]["step_s"] > 0
+    assert report["matmul_bound"]["bound_step_s"] > 0
