@@ -114,11 +114,14 @@ def main(argv=None) -> dict:
     gammas = (None, 10) if args.quick else GAMMAS
     X, y = sine_data(NUM_TRAIN)
     started = time.perf_counter()
-    results = {
-        "gamma": [run(config(g, "taylor_frobenius"), 0.0, X, y, args.steps, args.record_every) for g in gammas],
-        "nu_taylor": [run(config(None, "taylor_frobenius"), nu, X, y, args.steps, args.record_every) for nu in nus],
-        "nu_exact": [run(config(None, "exact"), nu, X, y, args.steps, args.record_every) for nu in nus],
-    }
+    sweeps = {"gamma": [(config(g, "taylor_frobenius"), 0.0) for g in gammas],
+              "nu_taylor": [(config(None, "taylor_frobenius"), nu) for nu in nus],
+              "nu_exact": [(config(None, "exact"), nu) for nu in nus]}
+    results = {name: [] for name in sweeps}
+    for name, runs in sweeps.items():
+        for cfg, nu in runs:
+            results[name].append(run(cfg, nu, X, y, args.steps, args.record_every))
+            write_json(args.out, {"partial": True, "results": results})  # survives an interrupted run
     report = {
         "benchmark": "dkm_sine_toy", "paper": "Milsom, Anson, Aitchison 2024, §4.2, fig. 1", "date": now(),
         "machine": machine_info(), "total_seconds": time.perf_counter() - started,
