@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import datetime
+import json
 import multiprocessing
 import tempfile
 import time
@@ -129,6 +131,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--dtypes", default=",".join(DTYPES))
     parser.add_argument("--workers", type=int, default=2, help="processes (one precision each; default 2; 1: all in this process)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--collect", action="store_true",
+                        help="write --out from the per-precision partial files of a sweep that was cut short (no fitting)")
     args = parser.parse_args(argv)
     from gpzoo.models import zoo  # noqa: PLC0415
 
@@ -142,7 +146,15 @@ def main(argv=None) -> dict:
     dtypes = args.dtypes.split(",")
     partial = {dtype: args.out.with_suffix(f".{dtype}.partial.json") for dtype in dtypes}
     with tempfile.TemporaryDirectory(prefix="gpzoo-sweep-xla-") as cache:
-        if args.workers > 1:  # one process per precision (spawned: each sets its own JAX precision), one on-disk XLA cache
+        if args.collect:  # a sweep cut short: what its workers had written, the models it did not reach named
+            report["results"] = {dtype: json.loads(path.read_text()) for dtype, path in partial.items() if path.exists()}
+            for result in report["results"].values():
+                result.pop("dtype", None)
+                result["not_run"] = [name for name in models if name not in result["models"]]
+            report["date"] = max((path.stat().st_mtime for path in partial.values() if path.exists()), default=None)
+            report["date"] = now() if report["date"] is None else datetime.datetime.fromtimestamp(
+                report["date"], datetime.timezone.utc).isoformat(timespec="seconds")
+        elif args.workers > 1:  # one process per precision (spawned: each sets its own JAX precision), one on-disk XLA cache
             context = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=min(args.workers, len(dtypes)), mp_context=context) as pool:
                 futures = {dtype: pool.submit(sweep, models, dtype, args.seeds, args.steps, Path(cache), partial[dtype])
@@ -160,11 +172,13 @@ def main(argv=None) -> dict:
             totals.update({k: counts[k] for k in ("runs", "cholesky_failures", "jitter_escalations", "diverged", "non_finite", "errors")})
     report["totals"] = dict(totals)
     report["goal_met"] = totals["cholesky_failures"] == totals["diverged"] == totals["non_finite"] == totals["errors"] == 0
-    report["seconds"] = time.perf_counter() - started
+    report["complete"] = not any(result.get("not_run") for result in report["results"].values())
+    if not args.collect:
+        report["seconds"] = time.perf_counter() - started
     write_json(args.out, report)
     for path in partial.values():
         path.unlink(missing_ok=True)
-    print(f"totals {dict(totals)}; goal met: {report['goal_met']}; {report['seconds']:.0f} s")
+    print(f"totals {dict(totals)}; goal met: {report['goal_met']}; complete: {report['complete']}")
     return report
 
 

@@ -250,7 +250,10 @@ def _robustness_sweep(report: dict) -> list[str]:
     return ["", f"{p['seeds']} seeds per model and precision, {p['steps']} Adam steps at each model's zoo defaults on "
                 f"{data['image_size']}×{data['image_size']} {data['name']} ({data['num_train']} training images), then predict "
                 f"and the ELBO. Totals over {num(totals['runs'])} runs: " + ", ".join(f"{k.replace('_', ' ')} {num(totals[k])}" for k in keys)
-                + f". Goal (no failure, no non-finite result) met: {yes_no(report['goal_met'])}. {provenance(report)}", ""] + \
+                + f". Goal (no failure, no non-finite result) met: {yes_no(report['goal_met'])}"
+                + ("" if report.get("complete", True) else " in the runs made; the sweep was cut short before "
+                   + ", ".join(sorted({m for r in report["results"].values() for m in r.get("not_run", [])})))
+                + f". {provenance(report)}", ""] + \
         table(["model", "dtype", "runs", "Cholesky failures", "diverged", "runs with jitter increases", "non-finite", "errors",
                "max jitter"], rows)
 
