@@ -169,7 +169,7 @@ class ChunkProgram:
         for step, jitter in zip(steps, np.asarray(jitters, dtype=float).tolist()):
             if jitter > self.jitter * 1.0001 and jitter != diagnostics.get("last_jitter"):
                 diagnostics["jitter_events"].append({"step": int(step), "jitter": jitter})
-                diagnostics["max_jitter"] = max(diagnostics.get("max_jitter", self.jitter), jitter)
+            diagnostics["max_jitter"] = max(diagnostics.get("max_jitter", jitter), jitter)
             diagnostics["last_jitter"] = jitter
 
 
