@@ -101,3 +101,14 @@ def test_invalid_dkm_options_are_typed_errors_naming_them(option, value):
     facts = dict(input_dim=36, image_shape=(6, 6), task="binary", depth=3)
     with pytest.raises(InvalidArgumentError, match=option):
         zoo.get("conv-dkm", **(facts | {option: value}))
+
+
+@pytest.mark.slow
+def test_gpzoo_compare_ranks_a_dkm_with_the_other_zoo_models(tmp_path):
+    from gpzoo.analysis.cli import main  # noqa: PLC0415 - the command line, as a user runs it
+
+    main(["compare", "--data", "two-moons", "--models", "dkm,svgp-rbf", "--steps", "10", "--num-inducing", "6",
+          "--num-train", "60", "--num-test", "40", "--num-draws", "25", "--out", str(tmp_path / "cmp"), "--quiet"])
+    table = (tmp_path / "cmp" / "comparison.csv").read_text()
+    assert table.splitlines()[0].startswith("model") and "dkm" in table and "svgp-rbf" in table
+    assert (tmp_path / "cmp" / "models" / "dkm").exists()
