@@ -13,12 +13,16 @@ import pytest
 from test_benchmarks_smoke import _load
 
 
+def _report(script: str, args: list[str], tmp_path) -> dict:
+    """Run ``benchmarks/<script>.py`` with ``args`` and return the JSON it wrote."""
+    out = tmp_path / f"{script}.json"
+    _load(script).main([*args, "--out", str(out)])
+    return json.loads(out.read_text())
+
+
 @pytest.mark.slow
 def test_sine_toy_records_a_condition_trace_per_run(tmp_path):
-    toy = _load("dkm_sine_toy")
-    out = tmp_path / "toy.json"
-    toy.main(["--quick", "--steps", "20", "--record-every", "10", "--out", str(out)])
-    report = json.loads(out.read_text())
+    report = _report("dkm_sine_toy", ["--quick", "--steps", "20", "--record-every", "10"], tmp_path)
     assert report["settings"]["num_inducing"] == 100 and report["settings"]["dtype"] == "float64"
     runs = [r for sweep in report["results"].values() for r in sweep]
     assert len(runs) == 2 + 3 + 3
@@ -29,10 +33,7 @@ def test_sine_toy_records_a_condition_trace_per_run(tmp_path):
 
 @pytest.mark.benchmark
 def test_conv_ablation_quick(tmp_path):
-    repro = _load("reproduce_dkm")
-    out = tmp_path / "repro.json"
-    repro.main(["--quick", "--depth", "2", "--width", "4", "--out", str(out)])
-    report = json.loads(out.read_text())
+    report = _report("reproduce_dkm", ["--quick", "--depth", "2", "--width", "4"], tmp_path)
     assert [r["config"] for r in report["runs"]] == ["full", "no_skr", "no_taylor"]
     for r in report["runs"]:
         assert r["failed"] or 0.0 <= r["test_accuracy"] <= 1.0
@@ -40,10 +41,7 @@ def test_conv_ablation_quick(tmp_path):
 
 @pytest.mark.benchmark
 def test_step_benchmark_is_like_for_like(tmp_path):
-    step = _load("dkm_step")
-    out = tmp_path / "step.json"
-    step.main(["--repeats", "1", "--steps", "1", "--out", str(out)])
-    report = json.loads(out.read_text())
+    report = _report("dkm_step", ["--repeats", "1", "--steps", "1"], tmp_path)
     assert report["like_for_like"]["loss_rel_diff"] < 1e-3  # the same objective (MC softmax noise aside)
     assert report["gpzoo"]["step_s"] > 0 and report["straightforward"]["step_s"] > 0
     assert report["matmul_bound"]["bound_step_s"] > 0
