@@ -152,6 +152,12 @@ def _add_fit_options(parser, *, data_default):
     parser.add_argument("--save-models", action=argparse.BooleanOptionalAction, default=True,
                         help="save each fitted model to OUT/models/NAME/ (model.json + arrays.npz) for `gpzoo predict "
                              "--model` and gpzoo.load (default: on)")
+    parser.add_argument("--backend", choices=("sequential", "ray"), default="sequential",
+                        help="where the fits run: one after another here (default) or as Ray tasks (pip install "
+                             "\"gpzoo[ray]\"), on a local Ray instance or the cluster at --address")
+    parser.add_argument("--address", default=None, help="address of a running Ray cluster (--backend ray; default: start "
+                                                         "a local instance for the run)")
+    parser.add_argument("--cpus-per-fit", type=_positive_int, default=1, help="CPUs Ray reserves per fit (default 1)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -450,9 +456,9 @@ class Interrupted(Exception):
 def _fit_and_report(args, model_names: list[str], out) -> int:
     import shutil  # noqa: PLC0415
 
+    from gpzoo.analysis.backends import FitOptions, FitTask, run_fits  # noqa: PLC0415
     from gpzoo.analysis.report import check_writable, report, summary_columns, unique_file_stems  # noqa: PLC0415
-    from gpzoo.inference.fit import fit  # noqa: PLC0415
-    from gpzoo.inference.io import load, save  # noqa: PLC0415
+    from gpzoo.inference.io import load  # noqa: PLC0415
     from gpzoo.models import zoo  # noqa: PLC0415
 
     if len(set(model_names)) != len(model_names):
@@ -471,28 +477,32 @@ def _fit_and_report(args, model_names: list[str], out) -> int:
     batch_size = min(args.batch_size, len(y_train))
     runs = _run_names(model_names, _fit_seeds(args))
     stems = unique_file_stems(list(runs))
-    results = {}
+    tasks, finished = [], []
+    for name, (model, seed) in runs.items():
+        task = FitTask(name, specs[model], seed, args.out / "models" / stems[name], args.out / "checkpoints" / stems[name])
+        if args.resume and (task.saved / "model.json").is_file():
+            finished.append(name)
+            if not args.quiet:
+                print(f"{name}: finished in the interrupted run, loaded from {task.saved}", file=sys.stderr)
+        else:
+            tasks.append(task)
+    options = FitOptions(steps=args.steps, batch_size=batch_size, learning_rate=args.learning_rate,
+                         checkpoint_every=args.checkpoint_every, resume=args.resume,
+                         progress=not args.quiet and args.backend == "sequential")
+    backend_options = {} if args.backend == "sequential" else {"address": args.address, "cpus_per_fit": args.cpus_per_fit}
+
+    def done(task):
+        finished.append(task.name)
+        if not args.quiet and args.backend != "sequential":
+            print(f"{task.name}: fitted ({len(finished)}/{len(runs)})", file=sys.stderr, flush=True)
+
     t0 = time.perf_counter()
     try:
-        for name, (model, seed) in runs.items():
-            spec = specs[model]
-            saved = args.out / "models" / stems[name]
-            if args.resume and (saved / "model.json").is_file():
-                results[name] = load(saved)
-                if not args.quiet:
-                    print(f"{name}: finished in the interrupted run, loaded from {saved}", file=sys.stderr)
-                continue
-            checkpoints = args.out / "checkpoints" / stems[name]
-            checkpoints.mkdir(parents=True, exist_ok=True)
-            results[name] = fit(spec, X_train, y_train, steps=args.steps, batch_size=batch_size, seed=seed,
-                                learning_rate=args.learning_rate, progress=not args.quiet, checkpoint_dir=checkpoints,
-                                checkpoint_every=args.checkpoint_every, resume=args.resume)
-            save(results[name], saved)  # written as soon as it is finished: an interruption keeps it
-            shutil.rmtree(checkpoints)
+        run_fits(tasks, X_train, y_train, options, backend=args.backend, on_done=done, **backend_options)
     except KeyboardInterrupt:
-        done = ", ".join(results) or "none"
-        raise Interrupted(f"interrupted; finished fits are saved in {args.out / 'models'} ({done}) and the running one "
-                          f"has a checkpoint: rerun the same command with --resume to continue") from None
+        raise Interrupted(f"interrupted; finished fits are saved in {args.out / 'models'} ({', '.join(finished) or 'none'}) "
+                          "and a running one has a checkpoint: rerun the same command with --resume to continue") from None
+    results = {name: load(args.out / "models" / stems[name]) for name in runs}
     fit_seconds = time.perf_counter() - t0
     checkpoint_root = args.out / "checkpoints"
     if checkpoint_root.is_dir() and not any(checkpoint_root.iterdir()):

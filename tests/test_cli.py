@@ -205,6 +205,7 @@ def fitted_specs(monkeypatch):
     monkeypatch.setattr(importlib.import_module("gpzoo.inference.fit"), "fit", fake_fit)
     monkeypatch.setattr(importlib.import_module("gpzoo.analysis.report"), "report", fake_report)
     monkeypatch.setattr(importlib.import_module("gpzoo.inference.io"), "save", lambda *args, **kwargs: None)
+    monkeypatch.setattr(importlib.import_module("gpzoo.inference.io"), "load", lambda *args, **kwargs: None)
     monkeypatch.delenv("GPZOO_TRACEBACK", raising=False)
     return specs
 
