@@ -413,8 +413,10 @@ def heldout_metrics(dt: xr.DataTree) -> dict[str, float]:
     scores: dict[str, float] = {}
     if "probs" in moments.data_vars:
         result = calibration.classification_metrics(_class_probs(moments), y)
-        for key in ("accuracy", "nll", "ece", "brier"):
+        for key in ("accuracy", "nll", "ece", "brier", "nll_misclassified"):
             scores[key] = result[key]
+        scores.update({k: v for k, v in result.items() if k.startswith("top") and k.endswith("_error")})  # Table 1 of
+        # Dutordoir et al. 2020: top-k errors, NLL on all points and on the misclassified ones
     elif task == "regression":
         result = calibration.regression_metrics(y, moments["y_mean"].values[:, 0], moments["y_var"].values[:, 0])
         scores.update(rmse=result["rmse"], nll=result["nll"], crps=result["crps"])

@@ -422,3 +422,11 @@ def test_seeds_fit_every_model_per_seed_and_summarise(tmp_path, capsys):
     assert "Across seeds" in md and "seeds 0, 1" in md
     line = _error(["compare", "--seeds", "1,1", "--out", str(tmp_path / "x")], capsys, 2)
     assert "--seeds" in line
+
+
+def test_comparison_has_the_table_one_metrics(compared):
+    _, out, _ = compared
+    table = pd.read_csv(out / "comparison.csv", index_col="model")
+    assert {"test_top1_error", "test_top2_error", "test_nll_misclassified"} <= set(table.columns)
+    np.testing.assert_allclose(table["test_top1_error"], 1 - table["test_accuracy"], atol=1e-12)
+    assert (table["test_top2_error"] == 0).all()  # two classes: the label is always among the top two
