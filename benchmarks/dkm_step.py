@@ -16,7 +16,7 @@ gradient and an Adam update, jitted.
 * ``matmul bound``: the step's FLOPs (XLA's cost analysis of gpzoo's compiled step) divided by
   this machine's measured float32 matmul rate (a 1024³ ``jnp.dot``, best of several).
 
-Peak memory is XLA's memory analysis of each compiled step (arguments + outputs + temporaries).
+Both steps run with OpenBLAS single-threaded (as ``gpzoo.fit`` does). Peak memory is XLA's memory analysis of each compiled step (arguments + outputs + temporaries).
 The authors' PyTorch implementation is not run here (torch is not installed in this project's
 environment); the JSON says so, next to the issue's figures for it. Writes
 ``benchmarks/results/dkm_step.json``.
@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import threadpoolctl
 
 jax.config.update("jax_enable_x64", False)
 
@@ -163,6 +164,11 @@ def _memory(compiled) -> int | None:
 
 
 def main(argv=None) -> dict:
+    with threadpoolctl.threadpool_limits(1, user_api="blas"):  # as gpzoo.fit: BLAS threads slow LAPACK calls down
+        return _main(argv)
+
+
+def _main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10)

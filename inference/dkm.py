@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import threadpoolctl
 from jax.scipy.linalg import cho_solve, solve_triangular
 
 from gpzoo.models.errors import (
@@ -675,11 +676,18 @@ def train_dkm(params, config: DKMConfig, X, y, *, steps: int, key, batch_size: i
     None); ``nu`` overrides ``config.nu`` without recompiling. A step whose value or gradients are
     not finite, or whose numerics checks fail, is not applied; the error is raised naming the step
     (and the layer and stage when known). Returns ``(params, history)``: per-step ``loss`` and,
-    every ``condition_every`` steps (0: never), ``condition`` = (step, cond(G_ii) per layer). The full fitting loop (checkpoints, DataTree) is ``gpzoo.fit``'s job;
+    every ``condition_every`` steps (0: never), ``condition`` = (step, cond(G_ii) per layer). OpenBLAS
+    runs single-threaded meanwhile, as in ``gpzoo.fit`` (its threads made this loop's triangular
+    solves ~40× slower on a loaded 2-core machine). The full fitting loop (checkpoints, DataTree) is ``gpzoo.fit``'s job;
     this is the small helper the tests use.
     """
     _check_inputs(config, X, y)
-    X, y = jnp.asarray(X), jnp.asarray(y)
+    with threadpoolctl.threadpool_limits(1, user_api="blas"):  # as gpzoo.fit: BLAS threads slow LAPACK calls down
+        return _train_loop(params, config, jnp.asarray(X), jnp.asarray(y), steps, key, batch_size, learning_rate, b1, b2,
+                           nu, condition_every)
+
+
+def _train_loop(params, config, X, y, steps, key, batch_size, learning_rate, b1, b2, nu, condition_every):
     N = X.shape[0]
     B = N if batch_size is None else min(int(batch_size), N)
     adam, step = compiled_train_step(config, N, B, b1, b2)
