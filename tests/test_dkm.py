@@ -20,7 +20,6 @@ from gpzoo.inference.dkm import (
     gram_kl,
     init_params,
     nystrom,
-    objective,
     predict,
     raw_from_chol,
     train_dkm,
