@@ -27,7 +27,7 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 #: the order files appear in; files not listed follow alphabetically.
 ORDER = ("reproduce_conv", "reproduce_invariance", "reproduce_tick", "conv_kernels", "conv_kernels_mnist10", "svgp_scaling", "polya_gamma_throughput",
-         "invariance_toy", "gpflow_side_by_side", "pg_natgrad")
+         "invariance_toy", "gpflow_side_by_side", "pg_natgrad", "robustness_sweep")
 TITLES = {
     "reproduce_conv": "van der Wilk et al. 2017 reproduction: convolutional GPs (`benchmarks/reproduce_conv.py`)",
     "reproduce_invariance": "van der Wilk et al. 2018 reproduction: learned invariances (`benchmarks/reproduce_invariance.py`)",
@@ -41,6 +41,7 @@ TITLES = {
     "pg_natgrad": "Pólya–Gamma CAVI / natural gradients against Adam (`benchmarks/pg_natgrad.py`)",
     "reproduce_tick": "Dutordoir et al. 2020 reproduction, CPU-sized: TICK and deep convolutional GPs (`benchmarks/reproduce_tick.py`)",
     "deep_conv_step": "2-layer deep TICK GP step against a straightforward JAX step and the machine's bound (`benchmarks/deep_conv_step.py`)",
+    "robustness_sweep": "Robustness sweep: every zoo model × seeds × float32/float64 at default settings (`benchmarks/robustness_sweep.py`)",
 }
 FORMATTERS: dict[str, Callable[[dict], list[str]]] = {}
 
