@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
 import time
@@ -100,8 +101,8 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
     return value
 
 
@@ -290,7 +291,7 @@ def _check_data_paths(name: str, paths: dict[str, str]) -> None:
     from gpzoo.analysis import datasets  # noqa: PLC0415
 
     if name not in datasets.names():
-        return
+        raise UsageError(f"unknown dataset {name!r}; valid: {', '.join(datasets.names())}")
     missing = [k for k, v in datasets.dataset_options(name).items() if v is datasets.REQUIRED and k not in paths]
     if len(missing) == 1:
         raise UsageError(f"dataset {name!r} reads a local file: pass --data-path PATH (its option {missing[0]})")
@@ -570,10 +571,10 @@ def _cmd_predict(args, out) -> int:
     suffix = args.out.suffix.lower()
     if suffix not in PREDICTION_FORMATS:
         raise UsageError(f"--out {str(args.out)!r}: the suffix picks the format, one of {', '.join(PREDICTION_FORMATS)}")
+    paths = _data_paths(args.data, args.data_paths)  # the data set's name and files are checked before the model loads
+    _check_data_paths(args.data, paths)
     res = load(args.model)
     seed = res.seed if args.seed is None else args.seed
-    paths = _data_paths(args.data, args.data_paths)
-    _check_data_paths(args.data, paths)
     ds = _dataset(args.data, seed, {f"num_{args.split}": args.num_points}, paths)
     X, y, index = _subset(getattr(ds, f"X_{args.split}"), getattr(ds, f"y_{args.split}"), args.num_points,
                           np.random.default_rng(seed))

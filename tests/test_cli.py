@@ -430,3 +430,14 @@ def test_comparison_has_the_table_one_metrics(compared):
     assert {"test_top1_error", "test_top2_error", "test_nll_misclassified"} <= set(table.columns)
     np.testing.assert_allclose(table["test_top1_error"], 1 - table["test_accuracy"], atol=1e-12)
     assert (table["test_top2_error"] == 0).all()  # two classes: the label is always among the top two
+
+
+def test_predict_checks_the_data_set_before_loading_the_model(tmp_path, capsys):
+    line = _error(["predict", "--model", str(tmp_path / "no-such-model"), "--data", "nope", "--out", str(tmp_path / "p.csv")],
+                  capsys, 2)
+    assert "'nope'" in line  # not the missing model
+
+
+def test_learning_rate_must_be_finite(tmp_path, capsys):
+    line = _error(["compare", "--learning-rate", "1e400", "--out", str(tmp_path / "o")], capsys, 2)
+    assert "--learning-rate" in line and "finite" in line
