@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import signal
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -100,6 +101,8 @@ def _ray(tasks: Sequence[FitTask], X, y, options: FitOptions, on_done: Callable[
     except ImportError:
         raise InvalidArgumentError("backend", 'the "ray" backend needs Ray: pip install "gpzoo[ray]"') from None
     started = not ray.is_initialized()
+    # ray.init installs its own SIGINT/SIGTERM handlers in this process; they are restored afterwards
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     if started:
         ray.init(address=address, num_cpus=None if address else os.cpu_count(), include_dashboard=False,
                  log_to_driver=False, configure_logging=False)
@@ -135,6 +138,9 @@ def _ray(tasks: Sequence[FitTask], X, y, options: FitOptions, on_done: Callable[
     finally:
         if started:
             ray.shutdown()
+        for sig, handler in handlers.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 #: Backend name -> runner(tasks, X, y, options, on_done, **backend options).

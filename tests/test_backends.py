@@ -62,3 +62,15 @@ def test_a_failing_ray_task_is_named_and_the_others_are_kept(tmp_path):
                  on_done=lambda task: done.append(task.name))
     assert "good" not in str(failure.value).split("failed", 1)[1]
     assert done == ["good"] and (tmp_path / "good" / "model.json").is_file() and not (tmp_path / "bad").exists()
+
+
+def test_ray_leaves_the_interrupt_handlers_as_it_found_them(tmp_path):
+    """After a Ray run, Ctrl-C still raises KeyboardInterrupt in this process (fit's checkpointing relies on it)."""
+    import signal  # noqa: PLC0415
+
+    pytest.importorskip("ray", reason='Ray is an optional extra: pip install "gpzoo[ray]"')
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    run_fits([], None, None, FitOptions(steps=1, batch_size=None, learning_rate=0.1), backend="ray")
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
