@@ -829,6 +829,7 @@ def _seeds_html(seeds: pd.DataFrame | None) -> str:
 
 def _html(page: Page, out: Path) -> str:
     headline, items, kind = verdict(page.reversals)
+    jitter = jitter_line(page.metrics)
     reversal_list = "<ul>" + "".join(f"<li>{html.escape(i)}</li>" for i in items) + "</ul>" if items else ""
     by_section = {section: [f for f in page.figures if f.get("section", "figures") == section]
                   for section in ("ranking", "loo", "figures")}
@@ -862,7 +863,7 @@ def _html(page: Page, out: Path) -> str:
 <h2>Ranking</h2>
 <div class="verdict {kind}"><strong>{html.escape(headline)}</strong>{reversal_list}</div>
 {_seeds_html(page.seeds)}{_table_html(ranking_table(page.table))}
-{f'<p class="jitter">{html.escape(jitter_line(page.metrics))}</p>' if jitter_line(page.metrics) else ''}
+{f'<p class="jitter">{html.escape(jitter)}</p>' if jitter else ''}
 <p class="notes">{html.escape(_NOTES)}</p>
 {hyper}
 {_figures_html(by_section["ranking"], out)}
