@@ -441,3 +441,14 @@ def test_predict_checks_the_data_set_before_loading_the_model(tmp_path, capsys):
 def test_learning_rate_must_be_finite(tmp_path, capsys):
     line = _error(["compare", "--learning-rate", "1e400", "--out", str(tmp_path / "o")], capsys, 2)
     assert "--learning-rate" in line and "finite" in line
+
+
+def test_compare_and_report_in_float32(tmp_path, capsys, float32):
+    """The library's default precision end to end: fits, DataTrees, held-out comparison and verdict."""
+    out = tmp_path / "f32"
+    code, _, err = _run(["compare", "--data", "two-moons", "--models", "svgp-rbf,svgp-logistic-pg", "--out", str(out), *TINY],
+                        capsys)
+    assert code == 0, err
+    table = pd.read_csv(out / "comparison.csv", index_col="model")
+    assert np.isfinite(table[["elbo", "elpd_test", "d_elpd_test", "d_elpd_test_se", "test_nll"]].to_numpy()).all()
+    assert "float32" in (out / "models" / "svgp-rbf" / "model.json").read_text(encoding="utf-8")
