@@ -29,7 +29,6 @@ import dataclasses
 import math
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -250,8 +249,9 @@ def _dataset(name: str, seed: int, sizes: dict, paths: dict | None = None):
 
 def _subset(X, y, n, rng):
     """A seeded subsample of ``n`` rows (all when None or more than there are): X, y and the row indices, in order."""
-    idx = np.arange(len(y)) if n is None or n >= len(y) else np.sort(rng.choice(len(y), n, replace=False))
-    return np.asarray(X)[idx], np.asarray(y)[idx], idx
+    from gpzoo.analysis.comparison import subset  # noqa: PLC0415
+
+    return subset(X, y, n, rng)
 
 
 def _data_paths(name: str, texts: list[str]) -> dict[str, str]:
@@ -394,13 +394,6 @@ def _fit_seeds(args) -> list[int]:
     return list(args.seeds) if args.seeds else [args.seed]
 
 
-def _run_names(model_names: list[str], seeds: list[int]) -> dict[str, tuple[str, int]]:
-    """``{run name: (model, seed)}``: the model's name alone for a single seed, else ``"MODEL seed S"``."""
-    if len(seeds) == 1:
-        return {name: (name, seeds[0]) for name in model_names}
-    return {f"{name} seed {seed}": (name, seed) for name in model_names for seed in seeds}
-
-
 def _jsonable(value):
     return list(value) if isinstance(value, tuple) else value
 
@@ -408,46 +401,10 @@ def _jsonable(value):
 def _prepare_output(args, run: dict) -> dict:
     """Refuse to mix runs in ``--out``: an existing report needs ``--overwrite`` (which removes the
     report's own files, nothing else) or ``--resume`` (which needs the same settings)."""
-    import json  # noqa: PLC0415
-    import shutil  # noqa: PLC0415
+    from gpzoo.analysis.comparison import prepare_output  # noqa: PLC0415
 
-    out: Path = args.out
-    if args.resume and args.overwrite:
-        raise UsageError("--resume and --overwrite contradict each other: choose one")
-    present = [e for e in REPORT_ENTRIES if (out / e).exists()]
-    if args.resume:
-        record = out / "run.json"
-        if not record.is_file():
-            raise UsageError(f"--resume: {str(out)!r} holds no run to continue (no run.json); start it without --resume")
-        try:
-            before = json.loads(record.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise UsageError(f"--resume: cannot read {str(record)!r} ({exc})") from None
-        if not isinstance(before, dict):
-            raise UsageError(f"--resume: {str(record)!r} is not a run record")
-        differ = [k for k in run if k not in ("models", "options") and before.get(k) != run[k]]
-        differ += [f"{name} options" for name in run["models"]
-                   if name in before.get("models", []) and before.get("options", {}).get(name) != run["options"][name]]
-        if differ:
-            raise UsageError(f"--resume: the run in {str(out)!r} used different settings ({', '.join(differ)}); "
-                             "rerun with those settings, or start afresh with --overwrite")
-        run = {**run, "models": list(dict.fromkeys([*before.get("models", []), *run["models"]]))}
-    elif present and not args.overwrite:
-        raise UsageError(f"--out {str(out)!r} already holds a gpzoo report ({', '.join(present)}); pass --overwrite to "
-                         "replace it or --resume to continue it")
-    elif present:
-        for entry in present:
-            path = out / entry
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-    return run
-
-
-def _write_run_record(out: Path, run: dict) -> None:
-    import json  # noqa: PLC0415
-
-    tmp = out / ".run.json.tmp"
-    tmp.write_text(json.dumps(run, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, out / "run.json")
+    return prepare_output(args.out, run, resume=args.resume, overwrite=args.overwrite, flag=lambda name: f"--{name}",
+                          error=lambda argument, message: UsageError(message))
 
 
 class Interrupted(Exception):
@@ -455,11 +412,8 @@ class Interrupted(Exception):
 
 
 def _fit_and_report(args, model_names: list[str], out) -> int:
-    import shutil  # noqa: PLC0415
-
-    from gpzoo.analysis.backends import FitOptions, FitTask, run_fits  # noqa: PLC0415
-    from gpzoo.analysis.report import check_writable, report, summary_columns, unique_file_stems  # noqa: PLC0415
-    from gpzoo.inference.io import load  # noqa: PLC0415
+    from gpzoo.analysis.comparison import FitsInterrupted, fit_and_report, run_names, write_run_record  # noqa: PLC0415
+    from gpzoo.analysis.report import check_writable, summary_columns  # noqa: PLC0415
     from gpzoo.models import zoo  # noqa: PLC0415
 
     if len(set(model_names)) != len(model_names):
@@ -474,52 +428,23 @@ def _fit_and_report(args, model_names: list[str], out) -> int:
              for name in model_names}
     run = _prepare_output(args, _run_record(args, model_names, options, _data_paths(args.data, args.data_paths)))
     check_writable(args.out)
-    _write_run_record(args.out, run)
-    batch_size = min(args.batch_size, len(y_train))
-    runs = _run_names(model_names, _fit_seeds(args))
-    stems = unique_file_stems(list(runs))
-    tasks, finished = [], []
-    for name, (model, seed) in runs.items():
-        task = FitTask(name, specs[model], seed, args.out / "models" / stems[name], args.out / "checkpoints" / stems[name])
-        if args.resume and (task.saved / "model.json").is_file():
-            finished.append(name)
-            if not args.quiet:
-                print(f"{name}: finished in the interrupted run, loaded from {task.saved}", file=sys.stderr)
-        else:
-            tasks.append(task)
-    options = FitOptions(steps=args.steps, batch_size=batch_size, learning_rate=args.learning_rate,
-                         checkpoint_every=args.checkpoint_every, resume=args.resume,
-                         progress=not args.quiet and args.backend == "sequential")
+    write_run_record(args.out, run)
     backend_options = {} if args.backend == "sequential" else {"address": args.address, "cpus_per_fit": args.cpus_per_fit}
-
-    def done(task):
-        finished.append(task.name)
-        if not args.quiet and args.backend != "sequential":
-            print(f"{task.name}: fitted ({len(finished)}/{len(runs)})", file=sys.stderr, flush=True)
-
-    t0 = time.perf_counter()
     try:
-        run_fits(tasks, X_train, y_train, options, backend=args.backend, on_done=done, **backend_options)
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; finished fits are saved in {args.out / 'models'} ({', '.join(finished) or 'none'}) "
+        result = fit_and_report(
+            dataset=ds, X_train=X_train, y_train=y_train, X_test=X_test, y_test=y_test, specs=specs,
+            runs=run_names(model_names, _fit_seeds(args)), grouped=bool(args.seeds), out=args.out, resume=args.resume,
+            steps=args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate,
+            checkpoint_every=args.checkpoint_every, num_draws=args.num_draws, data_seed=args.seed, backend=args.backend,
+            backend_options=backend_options, save_models=args.save_models, progress=not args.quiet,
+            log=None if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True)))
+    except FitsInterrupted as exc:
+        raise Interrupted(f"interrupted; finished fits are saved in {exc.models_dir} ({', '.join(exc.finished) or 'none'}) "
                           "and a running one has a checkpoint: rerun the same command with --resume to continue") from None
-    results = {name: load(args.out / "models" / stems[name]) for name in runs}
-    fit_seconds = time.perf_counter() - t0
-    checkpoint_root = args.out / "checkpoints"
-    if checkpoint_root.is_dir() and not any(checkpoint_root.iterdir()):
-        checkpoint_root.rmdir()
-    if not args.quiet:
-        print(f"fitted {len(results)} model(s) in {fit_seconds:.1f} s; writing the report (posterior draws, held-out "
-              f"and PSIS-LOO checks, figures) to {args.out}", file=sys.stderr, flush=True)
-    t1 = time.perf_counter()
-    path = report(results, args.out, X_test=X_test, y_test=y_test, dataset=ds, num_draws=args.num_draws, seed=args.seed,
-                  progress=not args.quiet, groups={name: model for name, (model, _) in runs.items()} if args.seeds else None)
-    report_seconds = time.perf_counter() - t1
-    if not args.save_models:
-        for name in results:
-            shutil.rmtree(args.out / "models" / stems[name], ignore_errors=True)
+    path = result.report_path
     _print_summary(path.parent, out, summary_columns)
-    print(f"fitted {len(results)} model(s) in {fit_seconds:.1f} s, report in {report_seconds:.1f} s; report: {path}", file=out)
+    print(f"fitted {len(result.results)} model(s) in {result.fit_seconds:.1f} s, report in {result.report_seconds:.1f} s; "
+          f"report: {path}", file=out)
     if args.save_models:
         print(f"saved models: {args.out / 'models'}/NAME (gpzoo predict --model ...)", file=out)
     return 0

@@ -35,7 +35,7 @@ import optax
 import threadpoolctl
 
 from gpzoo.inference.compilation import adaptive_jit
-from gpzoo.inference.data import check_new_inputs, row_slices, validate_data
+from gpzoo.inference.data import MemmapSource, check_new_inputs, check_new_source, row_slices, validate_data
 from gpzoo.inference.deep_conv import DeepConvSVGP
 from gpzoo.inference.dkm_family import DeepKernelMachine, fit_dkm
 from gpzoo.inference.inducing import InducingVariables
@@ -99,7 +99,7 @@ def build_family(spec: ModelSpec, inducing: InducingVariables, num_latent: int):
 def fit(
     spec: ModelSpec,
     X,
-    y,
+    y=None,
     *,
     steps: int = 1000,
     batch_size: int | None = None,
@@ -112,6 +112,7 @@ def fit(
     resume: bool = False,
     progress: bool = True,
     chunk_size: int = 25,
+    devices=None,
 ) -> FitResult:
     """Fit ``spec`` to (X, y) by the spec's inference method; returns a :class:`FitResult`.
 
@@ -121,6 +122,17 @@ def fit(
     ``resume=True`` continues from the checkpoint there and reproduces the uninterrupted run.
     Minibatches are drawn without replacement epoch by epoch, a pure function of seed and step.
 
+    Data larger than memory: ``X`` may be a :class:`~gpzoo.inference.data.MemmapSource`
+    (``open_npy(X_path, y_path)``; ``y=None`` takes the source's targets). Its rows are checked
+    chunk by chunk and each minibatch is read from disk; the fit equals the in-memory one bit for
+    bit when N <= ``INIT_ROWS`` (above it the inducing variables start from a seeded subsample).
+
+    ``devices`` (a count, or a sequence of JAX devices; None: one device) trains data-parallel:
+    each minibatch is split across the devices with ``jax.sharding``, parameters replicated, and the
+    ELBO's data term summed across them (:mod:`gpzoo.inference.sharding`; ``batch_size`` must be a
+    multiple of the device count). It applies to the models fitted by SVI, whose data term is a
+    sum over data points; the Pólya–Gamma natural-gradient and deep-kernel-machine fitters refuse it.
+
     ``spec.method == "svgp-logistic-pg"`` is fitted by Pólya–Gamma natural gradients
     (``optimizer``/``learning_rate`` then drive the hyperparameter steps). OpenBLAS runs
     single-threaded during the fit: on a small shared machine its threads made the Cholesky
@@ -129,7 +141,18 @@ def fit(
     method = _method(spec)
     settings = FitSettings(steps=steps, batch_size=batch_size, seed=seed, learning_rate=learning_rate, optimizer=optimizer,
                            inducing=inducing, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                           resume=resume, progress=progress, chunk_size=chunk_size)
+                           resume=resume, progress=progress, chunk_size=chunk_size, devices=devices)
+    if y is None and not isinstance(X, MemmapSource):
+        raise InvalidArgumentError("y", "pass the targets y (only a data source such as open_npy(X_path, y_path) carries its own)")
+    if method.fitter is not fit_svi:
+        fitter = getattr(method.fitter, "__name__", repr(method.fitter))
+        if devices is not None:
+            raise InvalidArgumentError("devices", f"model {spec.name!r} is fitted by {fitter}, which does not split "
+                                                  "minibatches across devices; data-parallel training applies to the "
+                                                  "models fitted by SVI (their ELBO data term is a sum over data points)")
+        if isinstance(X, MemmapSource):
+            raise InvalidArgumentError("X", f"model {spec.name!r} is fitted by {fitter}, which reads its data in memory; "
+                                            "pass arrays (a data source is read by the SVI fitter)")
     with threadpoolctl.threadpool_limits(1, user_api="blas"):
         return method.fitter(spec, X, y, family_class=method.family, settings=settings)
 
@@ -152,14 +175,20 @@ def _hyper_draws(res: FitResult, key, num_draws: int):
 
 def predict(res: FitResult, X_new, *, num_samples: int = 0, seed: int = 0, batch_size: int = 512,
             num_hyper_samples: int = 16) -> Prediction:
-    """Predictive q(f*) and y* at ``X_new`` (in chunks of ``batch_size`` rows).
+    """Predictive q(f*) and y* at ``X_new`` (in chunks of ``batch_size`` rows; a
+    :class:`~gpzoo.inference.data.MemmapSource` is read from disk a chunk at a time).
 
     ``num_samples`` > 0 also returns joint-marginal draws of f* ``[S, N, L]`` (independent per
     point). Models with sampled hyperparameters average over ``num_hyper_samples`` guide draws
     (mixture moments).
     """
     _check_result(res)
-    X_new = check_new_inputs(res, X_new)
+    if isinstance(X_new, MemmapSource):
+        source = check_new_source(res, X_new)
+        num_rows, rows_of = len(source), source.rows
+    else:
+        X_new = check_new_inputs(res, X_new)
+        num_rows, rows_of = X_new.shape[0], X_new.__getitem__
     check_integer(num_samples, "num_samples", minimum=0)
     check_seed(seed)
     check_integer(batch_size, "batch_size", minimum=1)
@@ -168,10 +197,10 @@ def predict(res: FitResult, X_new, *, num_samples: int = 0, seed: int = 0, batch
     key_h, key_s, key_p = jax.random.split(jax.random.PRNGKey(seed), 3)
     hyper = _hyper_draws(res, key_h, num_hyper_samples)
 
-    slices = list(row_slices(X_new.shape[0], batch_size))
+    slices = list(row_slices(num_rows, batch_size))
     program = (_mixture_moments if hyper else _moments).for_calls(len(slices))
     moments = functools.partial(program, family, res.params, hyper) if hyper else functools.partial(program, family, res.params)
-    pieces = [moments(jnp.asarray(X_new[sl], float_dtype()), jax.random.fold_in(key_p, i)) for i, sl in enumerate(slices)]
+    pieces = [moments(jnp.asarray(rows_of(sl), float_dtype()), jax.random.fold_in(key_p, i)) for i, sl in enumerate(slices)]
     f_mean, f_var, y_mean, y_var, probs = (
         None if pieces[0][j] is None else np.concatenate([np.asarray(p[j]) for p in pieces]) for j in range(5)
     )

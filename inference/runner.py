@@ -21,7 +21,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from gpzoo.inference.checkpoint import check_config, load_checkpoint, read_config, save_checkpoint
-from gpzoo.inference.data import data_fingerprint
+from gpzoo.inference.data import MemmapSource, data_fingerprint
+from gpzoo.inference.linalg import float_dtype
+from gpzoo.inference.sharding import DataParallel, resolve_devices
 from gpzoo.models.errors import CheckpointError, InvalidArgumentError, TrainingError, check_flag, check_integer, check_real, check_seed
 
 __all__ = ["RESUME_KEYS", "SCHEDULE_PROBE_STEPS", "ChunkProgram", "FitSettings", "run_chunks"]
@@ -36,7 +38,9 @@ class FitSettings:
 
     ``batch_size=None`` uses all data each step; ``optimizer`` defaults to Adam with
     ``learning_rate`` (a float or an optax schedule); ``inducing`` replaces the spec's initial
-    inducing variables; checkpoints go to ``checkpoint_dir`` every ``checkpoint_every`` steps.
+    inducing variables; checkpoints go to ``checkpoint_dir`` every ``checkpoint_every`` steps;
+    ``devices`` (a count or a sequence of JAX devices) splits each minibatch across devices
+    (:mod:`gpzoo.inference.sharding`; None: one device).
     """
 
     steps: int = 1000
@@ -50,6 +54,7 @@ class FitSettings:
     resume: bool = False
     progress: bool = True
     chunk_size: int = 25
+    devices: Any = None
 
     def __post_init__(self):
         """Eager checks of every setting (typed errors naming it, before any tracing)."""
@@ -72,6 +77,12 @@ class FitSettings:
         check_integer(self.chunk_size, "chunk_size", minimum=1)
         if self.resume and self.checkpoint_dir is None:
             raise InvalidArgumentError("resume", "resume=True needs checkpoint_dir")
+        resolve_devices(self.devices)
+
+    def data_parallel(self) -> DataParallel | None:
+        """The device mesh of ``devices`` (None for one device, the default)."""
+        devices = resolve_devices(self.devices)
+        return None if devices is None else DataParallel(devices)
 
     @classmethod
     def from_keywords(cls, run: dict) -> "FitSettings":
@@ -109,9 +120,9 @@ class FitSettings:
         """
         rate = self.learning_rate
         rate = ([float(rate(s)) for s in SCHEDULE_PROBE_STEPS] if callable(rate) else float(rate))
-        config = {"model": model, "method": method, "num_data": int(np.shape(X)[0]), "batch_size": int(batch_size),
+        config = {"model": model, "method": method, "num_data": len(X) if isinstance(X, MemmapSource) else int(np.shape(X)[0]), "batch_size": int(batch_size),
                   "seed": int(self.seed), "learning_rate": rate, "optimizer": "adam" if self.optimizer is None else "custom",
-                  "dtype": str(np.asarray(X).dtype),
+                  "dtype": str(np.dtype(float_dtype()) if isinstance(X, MemmapSource) else np.asarray(X).dtype),
                   "data_fingerprint": None if self.checkpoint_dir is None else data_fingerprint(X, y)}
         if self.resume and any(Path(self.checkpoint_dir).iterdir()):
             saved = read_config(self.checkpoint_dir)

@@ -7,6 +7,7 @@ The short public face::
     res  = gpzoo.fit(spec, X, y, steps=2000, batch_size=100)
     pred = gpzoo.predict(res, X_test)
     elbo = gpzoo.evaluate_elbo(res)
+    cmp  = gpzoo.compare("rectangles", ["svgp-rbf", "conv"], seeds=[0, 1], backend="ray")
 
 The three subpackages hold the rest: :mod:`gpzoo.models` (kernels, likelihoods, the zoo),
 :mod:`gpzoo.inference` (inducing variables, guides, fitting) and :mod:`gpzoo.analysis`
@@ -35,6 +36,7 @@ _PUBLIC = {
     "ElboEstimate": "gpzoo.inference",
     "save": "gpzoo.inference",
     "load": "gpzoo.inference",
+    "compare": "gpzoo.analysis",
     "to_datatree": "gpzoo.analysis",
     "compare_elbo": "gpzoo.analysis",
     "calibration": "gpzoo.analysis",
