@@ -19,7 +19,14 @@ Goal: 0 Cholesky failures, 0 diverged fits, 0 non-finite results, 0 errors. Writ
 
     /work/venv/bin/python benchmarks/robustness_sweep.py                       # the full sweep
     /work/venv/bin/python benchmarks/robustness_sweep.py --models svgp-rbf,conv --seeds 2 --out /tmp/sweep.json
+    /work/venv/bin/python benchmarks/robustness_sweep.py --models dkm,conv-dkm --merge   # add models to the JSON
     /work/venv/bin/python -m pytest benchmarks/robustness_sweep.py -m benchmark -p no:xdist
+
+``--merge`` runs only ``--models`` and merges their counts and failures into the existing ``--out``
+(the other models' records are kept; a model run again replaces its old records), then recomputes
+``totals``, ``goal_met`` and ``complete``. A run with other ``--steps`` than the file's protocol is
+or a ``--num-inducing`` override (a model whose default M the data set cannot supply) is recorded
+per model (``protocol["deviations"]``), with ``--reason`` saying why.
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ STEPS = 100
 ELBO_SAMPLES = 4
 
 
-def run_one(name: str, data, seed: int, steps: int) -> dict:
+def run_one(name: str, data, seed: int, steps: int, num_inducing: dict | None = None) -> dict:
     """Fit, predict and evaluate model ``name`` with seed ``seed``; the outcome as a record."""
     from gpzoo.inference import evaluate_elbo, fit, predict  # noqa: PLC0415 - after the precision is set
     from gpzoo.models import zoo  # noqa: PLC0415
@@ -58,7 +65,8 @@ def run_one(name: str, data, seed: int, steps: int) -> dict:
     record = {"model": name, "seed": seed, "outcome": "ok", "jitter_events": 0, "max_jitter": None}
     start = time.perf_counter()
     try:
-        spec = zoo.get(name, image_shape=data.image_shape, task=data.task, input_dim=data.X_train.shape[1])
+        overrides = {"num_inducing": num_inducing[name]} if num_inducing and name in num_inducing else {}
+        spec = zoo.get(name, image_shape=data.image_shape, task=data.task, input_dim=data.X_train.shape[1], **overrides)
         res = fit(spec, data.X_train, data.y_train, steps=steps, seed=seed, progress=False)
         events = res.diagnostics.get("jitter_events", [])
         record.update(jitter_events=len(events), max_jitter=res.diagnostics.get("max_jitter"),
@@ -87,7 +95,8 @@ def use_compilation_cache(directory: Path) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def sweep(models, dtype: str, seeds: int, steps: int, cache: Path | None = None, partial: Path | None = None) -> dict:
+def sweep(models, dtype: str, seeds: int, steps: int, cache: Path | None = None, partial: Path | None = None,
+          num_inducing: dict | None = None) -> dict:
     """Every model × ``seeds`` seeds in ``dtype``; per-model counts and the failing records (also
     written to ``partial`` after each model, so a long sweep cut short keeps what it measured)."""
     jax.config.update("jax_enable_x64", dtype == "float64")
@@ -102,7 +111,7 @@ def sweep(models, dtype: str, seeds: int, steps: int, cache: Path | None = None,
         for seed in range(seeds):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                records.append(run_one(name, data, seed, steps))
+                records.append(run_one(name, data, seed, steps, num_inducing))
         jax.clear_caches()  # between models only: a model's runs share compiled programs
         outcomes = collections.Counter(r["outcome"] for r in records)
         per_model[name] = {
@@ -131,9 +140,25 @@ def main(argv=None) -> dict:
     parser.add_argument("--dtypes", default=",".join(DTYPES))
     parser.add_argument("--workers", type=int, default=2, help="processes (one precision each; default 2; 1: all in this process)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--merge", action="store_true",
+                        help="run only --models and merge them into the existing --out (its other models are kept)")
+    parser.add_argument("--num-inducing", default=None,
+                        help="override some models' default M, e.g. deep-conv=64,deep-tick=64 (recorded, with --reason)")
+    parser.add_argument("--reason", default=None,
+                        help="why --steps differs from the file's protocol or --num-inducing is given (recorded per model)")
     parser.add_argument("--collect", action="store_true",
                         help="write --out from the per-precision partial files of a sweep that was cut short (no fitting)")
     args = parser.parse_args(argv)
+    try:
+        args.num_inducing = {k: int(v) for k, v in (item.split("=") for item in args.num_inducing.split(","))} \
+            if args.num_inducing else {}
+    except ValueError:
+        parser.error(f"--num-inducing needs MODEL=M pairs separated by commas, got {args.num_inducing!r}")
+    if args.merge:
+        if not args.models or not args.out.exists():
+            parser.error("--merge needs --models and an existing --out to merge into")
+        if (args.steps != json.loads(args.out.read_text())["protocol"]["steps"] or args.num_inducing) and not args.reason:
+            parser.error("--merge with --steps other than the file's protocol or with --num-inducing needs --reason")
     from gpzoo.models import zoo  # noqa: PLC0415
 
     # the deep models (several layers, or Gram-matrix layers) last: they are the slowest to compile
@@ -144,7 +169,8 @@ def main(argv=None) -> dict:
                            "settings": "zoo defaults for each model; fit defaults (Adam, learning rate 0.01, full batch)"},
               "results": {}}
     dtypes = args.dtypes.split(",")
-    partial = {dtype: args.out.with_suffix(f".{dtype}.partial.json") for dtype in dtypes}
+    tag = "." + "+".join(models) if args.merge else ""  # merges of different models may run side by side
+    partial = {dtype: args.out.with_suffix(f"{tag}.{dtype}.partial.json") for dtype in dtypes}
     with tempfile.TemporaryDirectory(prefix="gpzoo-sweep-xla-") as cache:
         if args.collect:  # a sweep cut short: what its workers had written, the models it did not reach named
             report["results"] = {dtype: json.loads(path.read_text()) for dtype, path in partial.items() if path.exists()}
@@ -157,15 +183,21 @@ def main(argv=None) -> dict:
         elif args.workers > 1:  # one process per precision (spawned: each sets its own JAX precision), one on-disk XLA cache
             context = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=min(args.workers, len(dtypes)), mp_context=context) as pool:
-                futures = {dtype: pool.submit(sweep, models, dtype, args.seeds, args.steps, Path(cache), partial[dtype])
+                futures = {dtype: pool.submit(sweep, models, dtype, args.seeds, args.steps, Path(cache), partial[dtype],
+                                                   args.num_inducing)
                            for dtype in dtypes}
                 report["results"] = {dtype: future.result() for dtype, future in futures.items()}
         else:  # in this process, one precision after the other (no on-disk cache: this process's JAX stays as it was)
             previous = jax.config.jax_enable_x64
             try:
-                report["results"] = {dtype: sweep(models, dtype, args.seeds, args.steps, None, partial[dtype]) for dtype in dtypes}
+                report["results"] = {dtype: sweep(models, dtype, args.seeds, args.steps, None, partial[dtype], args.num_inducing)
+                                     for dtype in dtypes}
             finally:
                 jax.config.update("jax_enable_x64", previous)
+    if not args.collect:
+        report["seconds"] = time.perf_counter() - started
+    if args.merge:
+        report = merge_reports(json.loads(args.out.read_text()), report, models, args.steps, args.num_inducing, args.reason)
     totals = collections.Counter()
     for result in report["results"].values():
         for counts in result["models"].values():
@@ -173,13 +205,45 @@ def main(argv=None) -> dict:
     report["totals"] = dict(totals)
     report["goal_met"] = totals["cholesky_failures"] == totals["diverged"] == totals["non_finite"] == totals["errors"] == 0
     report["complete"] = not any(result.get("not_run") for result in report["results"].values())
-    if not args.collect:
-        report["seconds"] = time.perf_counter() - started
     write_json(args.out, report)
     for path in partial.values():
         path.unlink(missing_ok=True)
     print(f"totals {dict(totals)}; goal met: {report['goal_met']}; complete: {report['complete']}")
     return report
+
+
+def merge_reports(old: dict, new: dict, models: list[str], steps: int, num_inducing: dict, reason: str | None) -> dict:
+    """``old`` with the per-model counts and failures of ``models`` taken from ``new`` (one report).
+
+    Models of ``old`` not in ``models`` keep their records; ``not_run`` loses the models now run;
+    a step count other than ``old``'s protocol or an M override is recorded per model with its reason. The date
+    becomes the merge's, the machine and the run time of each part are kept under ``merged_runs``.
+    """
+    merged = json.loads(json.dumps(old))
+    protocol = merged["protocol"]
+    for key in ("data", "seeds", "elbo_samples"):
+        if protocol[key] != new["protocol"][key]:
+            raise SystemExit(f"--merge: {key} {new['protocol'][key]!r} differs from the file's {protocol[key]!r}")
+    if (steps != protocol["steps"] or num_inducing) and not reason:
+        raise SystemExit("--merge with --steps other than the file's protocol or with --num-inducing needs --reason")
+    for name in models:
+        deviation = {k: v for k, v in (("steps", steps if steps != protocol["steps"] else None),
+                                        ("num_inducing", num_inducing.get(name))) if v is not None}
+        if deviation:
+            protocol.setdefault("deviations", {})[name] = deviation | {"reason": reason}
+        else:
+            protocol.get("deviations", {}).pop(name, None)
+    for dtype, result in new["results"].items():
+        target = merged["results"].setdefault(dtype, {"models": {}, "failures": []})
+        target["models"].update({name: result["models"][name] for name in models if name in result["models"]})
+        target["models"] = dict(sorted(target["models"].items()))
+        target["failures"] = [f for f in target["failures"] if f["model"] not in models] + \
+            [f for f in result["failures"] if f["model"] in models]
+        target["not_run"] = [name for name in target.get("not_run", []) if name not in target["models"]]
+    merged.setdefault("merged_runs", []).append({"date": new["date"], "models": models, "dtypes": sorted(new["results"]),
+                                                 "seconds": new.get("seconds"), "machine": new["machine"]})
+    merged["date"] = new["date"]
+    return merged
 
 
 @pytest.mark.benchmark
