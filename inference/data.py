@@ -64,6 +64,13 @@ class MemmapSource:
             y = np.load(y, allow_pickle=False)
         self.X, self.y = X, None if y is None else np.asarray(y)
         self._map = getattr(X, "_mmap", None) if isinstance(X, np.memmap) else None
+        # a whole C-ordered .npy file (not a view of one): rows are read from the file itself
+        whole_file = isinstance(X, np.memmap) and isinstance(X.base, mmap.mmap) and X.flags.c_contiguous
+        self._file = open(X.filename, "rb") if whole_file and X.filename else None  # noqa: SIM115 - kept open for reads
+
+    def __del__(self):
+        if getattr(self, "_file", None) is not None:
+            self._file.close()
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -87,9 +94,33 @@ class MemmapSource:
             self._map.madvise(mmap.MADV_DONTNEED)
 
     def raw_rows(self, index) -> np.ndarray:
-        """Rows ``index`` (a slice or integer array) of X as stored, copied out of the mapping."""
-        out = np.array(self.X[index])
-        self.release()
+        """Rows ``index`` (a slice or integer array) of X as stored ``[n, D]``.
+
+        From a ``.npy`` file the rows are read with ``os.pread`` (into the page cache, not into
+        this process): touching a memory map maps whole runs of file pages around every row read
+        (about a megabyte each with large page-cache folios), so a few hundred scattered rows would
+        map hundreds of megabytes. Other arrays are indexed, then their pages handed back.
+        """
+        if self._file is None:
+            out = np.array(self.X[index])
+            self.release()
+            return out
+        N, D = self.X.shape
+        row = D * self.X.dtype.itemsize
+        fd = self._file.fileno()
+        if isinstance(index, slice):
+            start, stop, stride = index.indices(N)
+            if stride == 1:
+                count = max(0, stop - start)
+                data = os.pread(fd, count * row, self.X.offset + start * row) if count else b""
+                return np.frombuffer(data, self.X.dtype).reshape(count, D)
+            index = np.arange(start, stop, stride)
+        index = np.asarray(index, dtype=np.int64).reshape(-1)
+        if index.size and (index.min() < 0 or index.max() >= N):
+            raise IndexError(f"row index out of range [0, {N})")
+        out = np.empty((index.size, D), self.X.dtype)  # [n, D]
+        for k, r in enumerate(index.tolist()):
+            out[k] = np.frombuffer(os.pread(fd, row, self.X.offset + r * row), self.X.dtype)
         return out
 
     def rows(self, index, argument: str = "X") -> np.ndarray:
@@ -146,7 +177,7 @@ def initial_rows(source: MemmapSource, seed: int) -> np.ndarray:
     if len(source) <= INIT_ROWS:
         return np.concatenate([chunk for _, chunk in source.chunks()])
     idx = np.sort(np.random.default_rng([seed, 1]).choice(len(source), INIT_ROWS, replace=False))
-    return np.concatenate([source.rows(idx[sl]) for sl in row_slices(INIT_ROWS, source.chunk_rows)])
+    return source.rows(idx)
 
 
 def validate_data(spec, X, y):

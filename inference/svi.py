@@ -67,12 +67,14 @@ def fit_svi(spec, X, y, *, family_class, settings: FitSettings) -> FitResult:
     svi = SVI(family.model, family.guide, optax_to_numpyro(optimizer), FastELBO())
     batches = BatchSchedule(N, B, seed)
     init_idx = batches(0)
+    # the first batch is passed in, not closed over: a closed-over array would be compiled in as a constant
     X_init = X_j[init_idx] if source is None else jnp.asarray(source.rows(init_idx))
+    y_init = y_j[init_idx]
     if family.hyper_guide is None:
-        state = jax.jit(lambda key, idx, Xb: svi.init(key, Xb, y_j[idx], num_data=N, **index_kwargs(family, idx)))(
-            key_svi, init_idx, X_init)
+        state = jax.jit(lambda key, idx, Xb, yb: svi.init(key, Xb, yb, num_data=N, **index_kwargs(family, idx)))(
+            key_svi, init_idx, X_init, y_init)
     else:  # the autoguide records concrete prototype values at init: it must not run under jit
-        state = svi.init(key_svi, X_init, y_j[init_idx], num_data=N, **index_kwargs(family, init_idx))
+        state = svi.init(key_svi, X_init, y_init, num_data=N, **index_kwargs(family, init_idx))
     family.check_analytic_kl()
 
     def update(state, inputs, data):
