@@ -18,6 +18,7 @@ them without refitting.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import warnings
 from collections.abc import Mapping
@@ -50,6 +51,7 @@ __all__ = [
     "ranking_reversals",
     "seed_reversals",
     "seed_summary",
+    "submit_elbo_programs",
 ]
 
 
@@ -89,6 +91,30 @@ def elbo_estimates(results: Mapping[str, FitResult], X=None, y=None, *, num_samp
         out[name] = {"elbo": est.elbo, "elbo_se": est.stderr, "expected_log_lik": est.expected_log_lik,
                      "kl": est.kl, "num_data": n, "num_samples": est.num_samples}
     return out
+
+
+def submit_elbo_programs(aot, tag, res: FitResult, *, num_samples: int = 32, seed: int = 0) -> None:
+    """Queue on ``aot`` (a :class:`gpzoo.inference.compilation.AheadOfTime`) the compilation of the
+    program that :func:`elbo_estimates` runs for ``res`` on its training data (``evaluate_elbo``'s
+    first chunk, batch size 512)."""
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    fit_module = importlib.import_module("gpzoo.inference.fit")  # evaluate_elbo's private program (the package exports fit())
+
+    family = res.family
+    X, y = fit_module.validate_data(res.spec, res.X_train, res.y_train)
+    stochastic = family.stochastic_expectation or family.hyper_guide is not None
+    S = int(num_samples) if stochastic else 1
+    hyper = jax.eval_shape(lambda k: fit_module._hyper_draws(res, k, S), jax.random.PRNGKey(seed + 1))
+    params = {**res.params, **{k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for k, v in hyper.items()}}
+    slices = list(fit_module.row_slices(X.shape[0], 512))
+    sl = slices[0]
+    with_indices = getattr(family, "needs_data_indices", False)
+    key = jax.random.fold_in(jax.random.split(jax.random.PRNGKey(seed), S)[0], 0)
+    aot.submit(tag, fit_module._ell_and_kl.for_calls(S * len(slices)), family, params, jnp.asarray(X[sl]),
+               jnp.asarray(y[sl], fit_module.float_dtype()), key, np.arange(sl.start, sl.stop),
+               res.num_data if with_indices else None)
 
 
 def elbo_table(estimates: Mapping[str, Mapping]) -> pd.DataFrame:

@@ -71,6 +71,7 @@ were posterior draws, ``az.loo_approximate_posterior`` corrects for q (Magnusson
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import re
 
@@ -79,13 +80,15 @@ import numpy as np
 import xarray as xr
 from arviz_base import from_dict
 
+from gpzoo.inference.compilation import AheadOfTime
 from gpzoo.inference.fit import predict
-from gpzoo.inference.posterior import pointwise_given_u, sample_inducing
+from gpzoo.inference.posterior import pointwise_given_u, sample_inducing, submit_programs
 from gpzoo.inference.results import FIXED, SAMPLED, TYPE_II, FitResult
 from gpzoo.models.errors import GPZooError, InvalidArgumentError, ShapeError
 from gpzoo.models.parameters import Parameterised
 
-__all__ = ["LOO_VAR_NAME", "MAX_STORED_FEATURES", "MIN_DRAWS", "heldout_view", "to_datatree", "variable_name"]
+__all__ = ["LOO_VAR_NAME", "MAX_STORED_FEATURES", "MIN_DRAWS", "heldout_view", "submit_datatree_programs", "to_datatree",
+           "variable_name"]
 
 #: Inputs with at most this many columns are stored in ``constant_data``; wider ones (images) are not.
 MAX_STORED_FEATURES = 64
@@ -229,6 +232,30 @@ def to_datatree(res: FitResult, X_test, y_test, *, num_draws: int = 200, seed: i
         _record_site(sites, var, site)
     dt.attrs["site_names"] = json.dumps(sites)
     return dt
+
+
+def submit_datatree_programs(aot: AheadOfTime, tag, res: FitResult, X_test, y_test, *, num_draws: int = 200,
+                             seed: int = 0, include_train: bool = True) -> None:
+    """Queue on ``aot`` the compilation of the programs ``to_datatree(res, X_test, y_test, ...)`` runs
+    with the same arguments: the draws of q, the pointwise log-likelihoods of the test (and training)
+    points and :func:`gpzoo.inference.predict` on the test set (its first chunk's program)."""
+    fit_module = importlib.import_module("gpzoo.inference.fit")  # predict's private programs (the package exports fit())
+
+    key_u = jax.random.split(jax.random.PRNGKey(seed), 3)[0]
+    inputs = [(X_test, y_test)] + ([(res.X_train, res.y_train)] if include_train else [])
+    submit_programs(aot, tag, res, int(num_draws), key_u, inputs)
+    # what predict(res, X_test, seed=seed) calls (batch_size 512, num_hyper_samples 16)
+    X_new = fit_module.check_new_inputs(res, X_test)
+    key_h, _, key_p = jax.random.split(jax.random.PRNGKey(seed), 3)
+    hyper = jax.eval_shape(lambda k: fit_module._hyper_draws(res, k, 16), key_h)
+    rows = next(fit_module.row_slices(X_new.shape[0], 512))
+    calls = -(-X_new.shape[0] // 512)
+    Xc = jax.numpy.asarray(X_new[rows], fit_module.float_dtype())
+    if hyper:
+        aot.submit(tag, fit_module._mixture_moments.for_calls(calls), res.family, res.params, hyper, Xc,
+                   jax.random.fold_in(key_p, 0))
+    else:
+        aot.submit(tag, fit_module._moments.for_calls(calls), res.family, res.params, Xc, jax.random.fold_in(key_p, 0))
 
 
 def heldout_view(dt: xr.DataTree) -> xr.DataTree:

@@ -143,7 +143,8 @@ def _save_figure(fig, path: Path, *, tight: bool = True) -> Path:
 
 # ----------------------------------------------------------------------------- report
 def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset=None, num_draws: int = 200,
-           num_elbo_samples: int = 32, seed: int = 0, progress: bool = False, groups: Mapping[str, str] | None = None) -> Path:
+           num_elbo_samples: int = 32, seed: int = 0, progress: bool = False, groups: Mapping[str, str] | None = None,
+           compile_workers: int = 2) -> Path:
     """Write the full report of ``results`` (fitted on the same training data) to ``out_dir``.
 
     ``X_test``/``y_test`` are the held-out points; ``dataset`` (an ``analysis.datasets.Dataset``,
@@ -151,26 +152,39 @@ def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset
     over the models (on stderr). ``groups`` maps each entry of ``results`` to a model name when
     entries are the same model fitted with different seeds (``FitResult.seed``): the report then
     also summarises every model over its seeds (mean ± s.d.) and its verdict uses the seed spread.
-    Returns the path of ``report.html``.
+    ``compile_workers`` threads compile the programs of every model ahead of their use
+    (:class:`gpzoo.inference.compilation.AheadOfTime`; 0: each compiles on its first call); the
+    report is the same either way. Returns the path of ``report.html``.
     """
-    from gpzoo.analysis.compare import elbo_estimates  # noqa: PLC0415 - JAX-heavy; keeps `import gpzoo.analysis` light
-    from gpzoo.analysis.datatree import to_datatree  # noqa: PLC0415
+    from gpzoo.analysis.compare import elbo_estimates, submit_elbo_programs  # noqa: PLC0415 - JAX-heavy
+    from gpzoo.analysis.datatree import submit_datatree_programs, to_datatree  # noqa: PLC0415
+    from gpzoo.inference.compilation import AheadOfTime  # noqa: PLC0415
 
     if not isinstance(results, Mapping) or not results:
         raise InvalidArgumentError("results", "expected a non-empty dict {name: FitResult}")
     if groups is not None and (not isinstance(groups, Mapping) or set(groups) != set(results)):
         raise InvalidArgumentError("groups", "expected a dict {result name: model name} with an entry for every result")
+    if isinstance(compile_workers, bool) or not isinstance(compile_workers, (int, np.integer)) or compile_workers < 0:
+        raise InvalidArgumentError("compile_workers", f"must be a non-negative integer, got {compile_workers!r}")
     out = _prepare_dir(out_dir)
     files = unique_file_stems(list(results))
-    static_figures = {}
-    with tqdm(total=len(results) + 1, desc="report", unit="model", disable=not progress, leave=False) as bar:
+    static_figures, trees = {}, {}
+    with AheadOfTime(int(compile_workers)) as aot, \
+            tqdm(total=len(results) + 1, desc="report", unit="model", disable=not progress, leave=False) as bar:
+        bar.set_postfix_str("compiling")
+        for name, res in results.items():  # lowered here in turn, compiled by the workers while the report goes on
+            _submit(submit_elbo_programs, aot, "elbo", res, num_samples=num_elbo_samples, seed=seed)
+        for name, res in results.items():
+            _submit(submit_datatree_programs, aot, name, res, X_test, y_test, num_draws=num_draws, seed=seed)
         bar.set_postfix_str("ELBO estimates")
+        aot.wait("elbo")
         estimates = elbo_estimates(results, num_samples=num_elbo_samples, seed=seed)
         bar.update()
         for name, res in results.items():
             bar.set_postfix_str(name)
             stem = files[name]
-            dt = to_datatree(res, X_test, y_test, num_draws=num_draws, seed=seed)
+            aot.wait(name)
+            trees[name] = dt = to_datatree(res, X_test, y_test, num_draws=num_draws, seed=seed)
             write_datatree(dt, out / "models" / f"{stem}.nc")
             _write_json(out / "models" / f"{stem}.json", {
                 "model": name,
@@ -201,7 +215,15 @@ def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset
     if groups is not None:
         info["groups"] = {name: str(groups[name]) for name in results}
     _write_json(out / "report.json", info)
-    return rebuild_report(out)
+    return _rebuild(out, trees)
+
+
+def _submit(submit, aot, tag, *args, **kwargs) -> None:
+    """Queue ahead-of-time compilations; bad arguments are left to the call that uses them (its typed error)."""
+    try:
+        submit(aot, tag, *args, **kwargs)
+    except GPZooError:
+        pass
 
 
 def unique_file_stems(names: list[str]) -> dict[str, str]:
@@ -321,11 +343,12 @@ def _plain_file(directory: Path, name, path: Path, key: str) -> Path:
     return directory / name
 
 
-def load_report(out_dir) -> tuple[dict, dict[str, xr.DataTree], dict[str, dict]]:
+def load_report(out_dir, *, trees: Mapping[str, xr.DataTree] | None = None) -> tuple[dict, dict[str, xr.DataTree], dict[str, dict]]:
     """(report.json, {name: DataTree}, {name: metrics}) of a report directory.
 
     Every entry is checked before use: missing keys and wrong types are a :class:`ReportError`
-    naming the key, and file entries must be plain names inside the directory.
+    naming the key, and file entries must be plain names inside the directory. ``trees`` (the
+    DataTrees of every model, as just written to ``models/``) are used instead of reading them back.
     """
     out = Path(out_dir)
     info_path = out / "report.json"
@@ -347,7 +370,7 @@ def load_report(out_dir) -> tuple[dict, dict[str, xr.DataTree], dict[str, dict]]
     for name, figures in _require(info, "static_figures", dict, info_path).items() if "static_figures" in info else ():
         for file in figures if isinstance(figures, list) else [figures]:
             _plain_file(out / "figures", file, info_path, f"static_figures[{name!r}]")
-    trees, metrics = {}, {}
+    loaded, metrics = {}, {}
     for name in models:
         if not isinstance(name, str):
             raise _fail(info_path, f"model names should be strings, got {name!r}")
@@ -355,7 +378,7 @@ def load_report(out_dir) -> tuple[dict, dict[str, xr.DataTree], dict[str, dict]]
         nc = _plain_file(out / "models", f"{stem}.nc", info_path, f"files[{name!r}]")
         meta_path = _plain_file(out / "models", f"{stem}.json", info_path, f"files[{name!r}]")
         try:
-            trees[name] = read_datatree(nc)
+            loaded[name] = read_datatree(nc) if trees is None else trees[name]
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
             raise ReportError(f"out_dir: model {name!r} is missing or unreadable in {str(out / 'models')!r} ({exc})") from None
@@ -366,16 +389,20 @@ def load_report(out_dir) -> tuple[dict, dict[str, xr.DataTree], dict[str, dict]]
         for key in ("steps", "seconds"):
             _require(fit, key, (int, float), meta_path, "fit.")
         metrics[name] = meta
-    return info, trees, metrics
+    return info, loaded, metrics
 
 
 def rebuild_report(out_dir) -> Path:
     """Regenerate comparison.csv, the figures, report.md and report.html from ``out_dir/models``."""
+    return _rebuild(Path(out_dir))
+
+
+def _rebuild(out: Path, trees: Mapping[str, xr.DataTree] | None = None) -> Path:
+    """:func:`rebuild_report`; ``trees`` are the DataTrees just written to ``out/models`` (not read back)."""
     from gpzoo.analysis.compare import (  # noqa: PLC0415
         compare_heldout, compare_loo, elbo_table, heldout_reversals, seed_reversals, seed_summary)
 
-    out = Path(out_dir)
-    info, trees, metrics = load_report(out)
+    info, trees, metrics = load_report(out, trees=trees)
     _prepare_dir(out)
     elbo = elbo_table({name: m["elbo"] for name, m in metrics.items()})
     loo = compare_loo(trees)

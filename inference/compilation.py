@@ -12,15 +12,26 @@ backend optimisation, against 3.7 s and 0.09 s with it; the break-even lies near
 other backends (GPU) the optimised build is always used. Both builds compute the same function;
 their results may differ in the last bits (XLA fuses differently), so a caller that must
 reproduce earlier output exactly should ask for the same number of calls.
+
+:class:`AheadOfTime` compiles programs before their first call: it traces and lowers each in the
+calling thread (NumPyro's effect handlers live on one process-wide stack, so tracing stays on one
+thread) and hands XLA's compilation, which releases the GIL, to a pool of threads. A later call
+with the same static arguments and argument shapes finds the executable in JAX's cache. A report
+lowers the programs of every model first and then works through the models while the later
+ones compile, so compilation overlaps the Python work (DataTrees, netCDF, figures).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import logging
 
 import jax
 
-__all__ = ["QUICK_COMPILE_OPTIONS", "QUICK_MAX_CALLS", "AdaptiveJit", "adaptive_jit"]
+__all__ = ["QUICK_COMPILE_OPTIONS", "QUICK_MAX_CALLS", "AdaptiveJit", "AheadOfTime", "adaptive_jit"]
+
+_log = logging.getLogger(__name__)
 
 #: XLA options of the quick build: LLVM backend optimisation off.
 QUICK_COMPILE_OPTIONS = {"xla_backend_optimization_level": 0}
@@ -52,3 +63,50 @@ def adaptive_jit(fun=None, **jit_kwargs):
     if fun is None:
         return functools.partial(adaptive_jit, **jit_kwargs)
     return AdaptiveJit(fun, **jit_kwargs)
+
+
+class AheadOfTime:
+    """Compile jitted programs on ``workers`` threads ahead of their first call (module docstring).
+
+    :meth:`submit` lowers ``program(*args)`` now, in this thread, and queues its compilation under
+    a ``tag``; :meth:`wait` blocks until every program of a tag has compiled, after which calls of
+    those programs run at once. A program that fails to lower or compile here is left to its first
+    call, which compiles it again and raises the error where it belongs (this is an optimisation
+    only: no result depends on it). ``workers=0`` does nothing (programs compile on first call).
+    Use as a context manager: leaving it cancels queued compilations and joins the threads.
+    """
+
+    def __init__(self, workers: int = 2):
+        self.workers = int(workers)
+        self._pool = concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix="gpzoo-compile") \
+            if self.workers > 0 else None
+        self._pending: dict[object, list[concurrent.futures.Future]] = {}
+
+    def submit(self, tag, program, *args) -> None:
+        """Lower ``program`` (a ``jax.jit`` function) at ``args`` (arrays or ``jax.ShapeDtypeStruct``)
+        and queue its compilation under ``tag``."""
+        if self._pool is None:
+            return
+        try:
+            lowered = program.lower(*args)
+        except Exception as exc:  # noqa: BLE001 - the first real call raises it properly
+            _log.debug("ahead-of-time lowering of %s failed: %r", getattr(program, "__name__", program), exc)
+            return
+        self._pending.setdefault(tag, []).append(self._pool.submit(lowered.compile))
+
+    def wait(self, tag) -> None:
+        """Block until the programs queued under ``tag`` have compiled (or failed to)."""
+        concurrent.futures.wait(self._pending.pop(tag, []))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        self._pending.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False

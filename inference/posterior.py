@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.handlers import condition, seed, substitute, trace
 
-from gpzoo.inference.compilation import adaptive_jit
+from gpzoo.inference.compilation import AheadOfTime, adaptive_jit
 from gpzoo.inference.data import check_new_inputs
 from gpzoo.inference.linalg import float_dtype
 from gpzoo.inference.results import FitResult
@@ -32,7 +32,7 @@ from gpzoo.inference.results import FitResult
 from gpzoo.inference.guides import blockdiag_matvec, blockdiag_solve
 from gpzoo.models.errors import InvalidArgumentError, ShapeError
 
-__all__ = ["InducingDraws", "PointwiseDraws", "conditional_given_u", "pointwise_given_u", "sample_inducing"]
+__all__ = ["InducingDraws", "PointwiseDraws", "conditional_given_u", "pointwise_given_u", "sample_inducing", "submit_programs"]
 
 #: Rows of X handled at once when forming Kuf ``[G, M, rows]`` (bounds memory for conv kernels).
 CHUNK_ROWS = 256
@@ -131,21 +131,51 @@ def _draw_inducing(family, num_data: int, params, hyper, keys, X1, y1):
 
     return jax.vmap(one)(hyper, keys)
 
-def sample_inducing(res: FitResult, num_draws: int, key) -> InducingDraws:
-    """Draw (θ_s, u_s) ~ q(θ) q(u | θ), s = 1..S, with log q and log p(u) (+ log p(θ)) of each."""
-    family = _check_family(res)
-    if not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
-        raise InvalidArgumentError("num_draws", f"must be a positive integer, got {num_draws!r}")
-    key_h, key_u = jax.random.split(key)
-    hyper = _sample_hyper(res, key_h, int(num_draws))
+def _draw_arguments(res: FitResult, num_draws: int, key, hyper):
+    """The arguments of :func:`_draw_inducing` for ``sample_inducing(res, num_draws, key)``, given θ draws ``hyper``."""
     X1 = jnp.asarray(res.X_train[:1])
     y1 = jnp.asarray(res.y_train[:1], float_dtype())
-    keys = jax.random.split(key_u, int(num_draws))
-    u, log_q, log_p = _draw_inducing.for_calls(1)(family, int(res.num_data), res.params, hyper, keys, X1, y1)
+    keys = jax.random.split(jax.random.split(key)[1], int(num_draws))
+    return (res.family, int(res.num_data), res.params, hyper, keys, X1, y1)
+
+
+def sample_inducing(res: FitResult, num_draws: int, key) -> InducingDraws:
+    """Draw (θ_s, u_s) ~ q(θ) q(u | θ), s = 1..S, with log q and log p(u) (+ log p(θ)) of each."""
+    _check_family(res)
+    if not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
+        raise InvalidArgumentError("num_draws", f"must be a positive integer, got {num_draws!r}")
+    hyper = _sample_hyper(res, jax.random.split(key)[0], int(num_draws))
+    u, log_q, log_p = _draw_inducing.for_calls(1)(*_draw_arguments(res, num_draws, key, hyper))
     return InducingDraws(
         u=np.asarray(u), log_q=np.asarray(log_q, np.float64), log_prior=np.asarray(log_p, np.float64),
         hyper={k: np.asarray(v) for k, v in hyper.items()},
     )
+
+
+def submit_programs(aot: AheadOfTime, tag, res: FitResult, num_draws: int, key, inputs) -> None:
+    """Queue on ``aot`` (under ``tag``) the compilation of the programs that :func:`sample_inducing`
+    ``(res, num_draws, key)`` and :func:`pointwise_given_u` on each ``(X, y)`` of ``inputs`` will run.
+
+    Only shapes are traced (no draw is made here); a program shared by several inputs (same chunk
+    shape and build) is queued once.
+    """
+    _check_family(res)
+    S = int(num_draws)
+    hyper = jax.eval_shape(lambda k: _sample_hyper(res, k, S), jax.random.split(key)[0])
+    draw = _draw_inducing.for_calls(1)
+    args = _draw_arguments(res, S, key, hyper)
+    aot.submit(tag, draw, *args)
+    u = jax.eval_shape(draw, *args)[0]
+    seen = set()
+    for X, y in inputs:
+        X = check_new_inputs(res, X, "X")
+        yc = np.asarray(res.spec.likelihood.validate_targets(y), float_dtype())
+        program = _pointwise_chunk.for_calls(_num_chunks(X))
+        n, Xc, (yc,) = next(_chunks(X, yc))
+        signature = (id(program), Xc.shape, str(Xc.dtype), yc.shape, str(yc.dtype))
+        if signature not in seen:
+            seen.add(signature)
+            aot.submit(tag, program, res.family, res.params, hyper, u, jnp.asarray(Xc), jnp.asarray(yc), jax.random.fold_in(key, 0))
 
 # ----------------------------------------------------------------------------- p(f | u)
 def _conditional(family, params, X, u):
