@@ -31,6 +31,7 @@ ORDER = ("reproduce_conv", "reproduce_invariance", "reproduce_tick", "conv_kerne
 TITLES = {
     "reproduce_conv": "van der Wilk et al. 2017 reproduction: convolutional GPs (`benchmarks/reproduce_conv.py`)",
     "reproduce_invariance": "van der Wilk et al. 2018 reproduction: learned invariances (`benchmarks/reproduce_invariance.py`)",
+    "report_phase": "Report phase against fitting phase of the default `gpzoo compare` (`benchmarks/report_phase.py`)",
     "conv_kernels": "Convolutional kernel hot paths against this machine's limits (`benchmarks/conv_kernels.py`)",
     "conv_kernels_mnist10": "Convolutional kernel hot paths, MNIST-10 configuration (`benchmarks/conv_kernels.py --config mnist10`)",
     "svgp_scaling": "SVGP step time against a hand-written JAX step (`benchmarks/svgp_scaling.py`)",
@@ -42,6 +43,8 @@ TITLES = {
     "reproduce_tick": "Dutordoir et al. 2020 reproduction, CPU-sized: TICK and deep convolutional GPs (`benchmarks/reproduce_tick.py`)",
     "deep_conv_step": "2-layer deep TICK GP step against a straightforward JAX step and the machine's bound (`benchmarks/deep_conv_step.py`)",
     "robustness_sweep": "Robustness sweep: every zoo model × seeds × float32/float64 at default settings (`benchmarks/robustness_sweep.py`)",
+    "ray_speedup": "`gpzoo.compare` grid, sequential against Ray with 2 workers (`benchmarks/ray_speedup.py`)",
+    "data_parallel_step": "Conv model step on 1 against 2 devices, same global batch (`benchmarks/data_parallel_step.py`)",
 }
 FORMATTERS: dict[str, Callable[[dict], list[str]]] = {}
 
@@ -194,6 +197,19 @@ def _svgp_scaling(report: dict) -> list[str]:
                 f"{provenance(report)}", ""] + table(["N", "M", "D", "dtype", "gpzoo s/step", "reference s/step", "ratio"], rows)
 
 
+@formatter("report_phase")
+def _report_phase(report: dict) -> list[str]:
+    runs = report["runs"]
+    rows = [[str(i + 1), num(r["fit_s"]), num(r["report_s"]), num(r["ratio"]), num(r["load_average"][0])]
+            for i, r in enumerate(runs)]
+    return ["", f"`{' '.join(report['command'])}` in a fresh process per repeat; fit and report phase as the CLI times "
+                f"them in the same run. Median report / fit over {len(runs)} repeats: {num(report['median_ratio'])} "
+                f"(goal ≤ {num(report['goal_ratio'])}: {yes_no(report['goal_met'])}). Measured on a shared 2-core "
+                f"machine (load average at the end of each run in the table). Device: {device_of(report)}; date: "
+                f"{report.get('created', 'not recorded')}.", ""] + \
+        table(["repeat", "fit (s)", "report (s)", "report / fit", "load (1 min)"], rows)
+
+
 @formatter("polya_gamma_throughput")
 def _polya_gamma(report: dict) -> list[str]:
     rows = [[num(c["c"]), num(c["ours_draws_per_s"]), num(c["polyagamma_draws_per_s"]), num(c["ratio"])] for c in report["cases"]]
@@ -308,6 +324,41 @@ def _deep_conv_step(report: dict) -> list[str]:
                 f"with both; the two bounds agree to {num(report['agreement']['rel_diff'])}. "
                 f"Goals: {goals}. {provenance(report)}", ""] + \
         table(["clock", "gpzoo", "straightforward", "speedup", "bound", "gpzoo / bound", "straightforward / bound"], rows)
+
+
+def _load(report: dict) -> str:
+    start, end = report["machine"].get("load_average_start"), report.get("load_average_end")
+    return f"load average (1 min) {num(start[0] if start else None)} at the start, {num(end[0] if end else None)} at the end"
+
+
+@formatter("ray_speedup")
+def _ray_speedup(report: dict) -> list[str]:
+    s, wall = report["setting"], report["median_wall_s"]
+    goals = ", ".join(f"{k}: {yes_no(v)}" for k, v in report["goals"].items())
+    rows = [["sequential", num(wall["sequential"]), "1"],
+            [f"Ray, {s['workers']} workers (start/stop included)", num(wall["ray_with_start"]), num(report["speedup"])]]
+    return ["", f"Models {', '.join(s['models'])} × seeds {', '.join(map(str, s['seeds']))} on rectangles "
+                f"({s['num_train']} images, {s['steps']} steps, B = {s['batch_size']}, M = {s['num_inducing']}, {s['dtype']}), "
+                f"no report; median wall time of the whole `gpzoo.compare` call over {s['repeats']} interleaved repeats. "
+                f"Overhead per task {num(report['overhead_per_task_s'])} s; results identical across backends: "
+                f"{yes_no(report['identical'])}. Goals: {goals}. Measured on a shared machine ({_load(report)}). "
+                f"{provenance(report)}", ""] + table(["backend", "wall (s)", "speed-up"], rows)
+
+
+@formatter("data_parallel_step")
+def _data_parallel_step(report: dict) -> list[str]:
+    s, step = report["setting"], report["step_s"]
+    rows = [[name, num(1e3 * t)] for name, t in step.items()]
+    lines = ["", f"`{s['model']}` on {s['data']} ({s['image_shape'][0]}×{s['image_shape'][1]}, "
+                 f"{s['patch_shape'][0]}×{s['patch_shape'][1]} patches, M = {s['M']}), global batch B = {s['B']}, {s['dtype']}; "
+                 f"median ms per step over {s['repeats']} interleaved calls of {s['steps_per_call']} steps, device "
+                 f"{report['device']}."]
+    if "ratio" in report:
+        goals = ", ".join(f"{k}: {yes_no(v)}" for k, v in report["goals"].items())
+        lines[-1] += (f" 2-device / 1-device: {num(report['ratio'])}; parameters after the same updates differ by "
+                      f"{num(report['max_rel_diff'])} (relative). Goals: {goals}.")
+    lines[-1] += f" Measured on a shared machine ({_load(report)}). {provenance(report)}"
+    return lines + [""] + table(["program", "step (ms)"], rows)
 
 
 FORMATTERS["conv_kernels_mnist10"] = FORMATTERS["conv_kernels"]

@@ -114,3 +114,21 @@ def test_devices_argument_is_checked_before_tracing():
 
 if __name__ == "__main__":
     print(json.dumps(_child()))
+
+
+@pytest.mark.benchmark
+def test_scale_out_benchmarks_run(tmp_path):
+    """benchmarks/data_parallel_step.py and benchmarks/ray_speedup.py in their quick form write their JSON."""
+    root = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks")
+    for script, keys in (("data_parallel_step", {"step_s", "ratio", "max_rel_diff", "goals"}),
+                         ("ray_speedup", {"speedup", "overhead_per_task_s", "identical", "goals"})):
+        if script == "ray_speedup":
+            pytest.importorskip("ray", reason='Ray is an optional extra: pip install "gpzoo[ray]"')
+        out = tmp_path / f"{script}.json"
+        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        proc = subprocess.run([sys.executable, f"{script}.py", "--quick", "--out", str(out)], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        report = json.loads(out.read_text())
+        assert keys <= set(report) and report["machine"]["load_average_start"] is not None
+        assert report.get("identical", True) and report.get("max_rel_diff", 0.0) <= 1e-4
