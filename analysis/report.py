@@ -144,7 +144,7 @@ def _save_figure(fig, path: Path, *, tight: bool = True) -> Path:
 # ----------------------------------------------------------------------------- report
 def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset=None, num_draws: int = 200,
            num_elbo_samples: int = 32, seed: int = 0, progress: bool = False, groups: Mapping[str, str] | None = None,
-           compile_workers: int = 2) -> Path:
+           compile_workers: int | None = None) -> Path:
     """Write the full report of ``results`` (fitted on the same training data) to ``out_dir``.
 
     ``X_test``/``y_test`` are the held-out points; ``dataset`` (an ``analysis.datasets.Dataset``,
@@ -153,29 +153,33 @@ def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset
     entries are the same model fitted with different seeds (``FitResult.seed``): the report then
     also summarises every model over its seeds (mean ± s.d.) and its verdict uses the seed spread.
     ``compile_workers`` threads compile the programs of every model ahead of their use
-    (:class:`gpzoo.inference.compilation.AheadOfTime`; 0: each compiles on its first call); the
-    report is the same either way. Returns the path of ``report.html``.
+    (:class:`gpzoo.inference.compilation.AheadOfTime`; 0: each compiles on its first call; None:
+    as many as the load average leaves cores idle, at most 2); the report is the same either way.
+    Returns the path of ``report.html``.
     """
     from gpzoo.analysis.compare import elbo_estimates, submit_elbo_programs  # noqa: PLC0415 - JAX-heavy
     from gpzoo.analysis.datatree import submit_datatree_programs, to_datatree  # noqa: PLC0415
-    from gpzoo.inference.compilation import AheadOfTime  # noqa: PLC0415
+    from gpzoo.inference.compilation import AheadOfTime, idle_compile_workers  # noqa: PLC0415
 
     if not isinstance(results, Mapping) or not results:
         raise InvalidArgumentError("results", "expected a non-empty dict {name: FitResult}")
     if groups is not None and (not isinstance(groups, Mapping) or set(groups) != set(results)):
         raise InvalidArgumentError("groups", "expected a dict {result name: model name} with an entry for every result")
-    if isinstance(compile_workers, bool) or not isinstance(compile_workers, (int, np.integer)) or compile_workers < 0:
-        raise InvalidArgumentError("compile_workers", f"must be a non-negative integer, got {compile_workers!r}")
+    if compile_workers is not None and (isinstance(compile_workers, bool) or not isinstance(compile_workers, (int, np.integer))
+                                        or compile_workers < 0):
+        raise InvalidArgumentError("compile_workers", f"must be None or a non-negative integer, got {compile_workers!r}")
     out = _prepare_dir(out_dir)
     files = unique_file_stems(list(results))
     static_figures, trees = {}, {}
-    with AheadOfTime(int(compile_workers)) as aot, \
+    workers = idle_compile_workers() if compile_workers is None else int(compile_workers)
+    with AheadOfTime(workers) as aot, \
             tqdm(total=len(results) + 1, desc="report", unit="model", disable=not progress, leave=False) as bar:
-        bar.set_postfix_str("compiling")
-        for name, res in results.items():  # lowered here in turn, compiled by the workers while the report goes on
-            _submit(submit_elbo_programs, aot, "elbo", res, num_samples=num_elbo_samples, seed=seed)
-        for name, res in results.items():
-            _submit(submit_datatree_programs, aot, name, res, X_test, y_test, num_draws=num_draws, seed=seed)
+        if workers:  # lowered here in turn, compiled by the workers while the report goes on
+            bar.set_postfix_str("compiling")
+            for name, res in results.items():
+                _submit(submit_elbo_programs, aot, "elbo", res, num_samples=num_elbo_samples, seed=seed)
+            for name, res in results.items():
+                _submit(submit_datatree_programs, aot, name, res, X_test, y_test, num_draws=num_draws, seed=seed)
         bar.set_postfix_str("ELBO estimates")
         aot.wait("elbo")
         estimates = elbo_estimates(results, num_samples=num_elbo_samples, seed=seed)

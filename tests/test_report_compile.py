@@ -144,3 +144,22 @@ def test_report_is_the_same_with_and_without_ahead_of_time_compilation(saved, tm
 def test_report_checks_compile_workers(tmp_path):
     with pytest.raises(InvalidArgumentError, match="compile_workers"):
         report({"a": object()}, tmp_path, X_test=np.zeros((2, 1)), y_test=np.zeros(2), compile_workers=-1)
+
+
+def test_idle_compile_workers_follows_the_load_average(monkeypatch):
+    import os  # noqa: PLC0415
+
+    from gpzoo.inference import compilation  # noqa: PLC0415
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    for load, expected in ((0.1, 1), (0.0, 2), (0.9, 1), (1.2, 0), (11.0, 0)):
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
+        assert compilation.idle_compile_workers() == expected, load
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert compilation.idle_compile_workers(most=1) == 1
+
+    def unavailable():
+        raise OSError("no load average")
+
+    monkeypatch.setattr(os, "getloadavg", unavailable)
+    assert compilation.idle_compile_workers() == 0
