@@ -245,7 +245,7 @@ def _load_dataset(data, data_seed: int, num_train, num_test, data_paths):
 
     if isinstance(data, str):
         if data not in datasets.names():
-            raise datasets.UnknownDatasetError(data, datasets.names())
+            raise InvalidArgumentError("data", f"unknown dataset {data!r}; valid: {', '.join(datasets.names())}")
         options = datasets.dataset_options(data)
         paths = dict(data_paths or {})
         for key in paths:
@@ -289,6 +289,8 @@ def _build_specs(models: list, ds, num_inducing: int, likelihood, options: Mappi
             if name in options:
                 raise InvalidArgumentError("options", f"model {name!r} is given as a ModelSpec: set its options there")
         elif isinstance(model, str):
+            if model not in zoo.names():
+                raise InvalidArgumentError("models", f"unknown model {model!r}; valid: {', '.join(zoo.names())}")
             chosen = dict(options.get(model, {}))
             try:
                 name, spec = model, zoo.get(model, **(given | chosen))

@@ -36,6 +36,8 @@ def test_compare_is_exported_at_the_top_and_in_analysis():
     ({"num_draws": 3}, "num_draws"),
     ({"resume": True}, "resume"),  # resume needs out
     ({"data": 3.0}, "data"),
+    ({"data": "no-such-data"}, "data"),
+    ({"models": "svgp-rbf,nope"}, "models"),
     ({"options": {"conv": {"patch_shape": (3, 3)}}}, "options"),  # conv is not compared
     ({"models": ["svgp-rbf", "svgp-rbf"]}, "models"),
     ({"models": ["conv"]}, "models"),  # an image model on a tabular data set
