@@ -26,7 +26,7 @@ __all__ = ["INIT_ROWS", "BatchSchedule", "MemmapSource", "check_new_inputs", "ch
            "num_latent_functions", "open_npy", "row_slices", "validate_data", "validate_source"]
 
 #: Bytes of X read at once when a :class:`MemmapSource` is checked, fingerprinted or subsampled.
-CHUNK_BYTES = 32 * 2**20
+CHUNK_BYTES = 16 * 2**20
 #: Rows of a :class:`MemmapSource` the inducing variables are initialised from: all of a smaller
 #: data set (then a source and in-memory arrays give the same fit), else a seeded subsample.
 INIT_ROWS = 10_000

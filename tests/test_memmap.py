@@ -19,7 +19,7 @@ from gpzoo.models.errors import DataError, InvalidArgumentError, ShapeError
 
 #: The memory-capped child: X on disk is FILE_MB, the child's peak resident memory must stay below
 #: its resident memory after `import jax, gpzoo` plus CAP_MARGIN_MB (< FILE_MB: X cannot fit in it).
-FILE_MB, CAP_MARGIN_MB = 768, 400
+FILE_MB, CAP_MARGIN_MB = 1024, 600
 
 
 def _spec(D=3):
@@ -107,7 +107,7 @@ def _capped_child(directory: str) -> dict:
     rng = np.random.default_rng(0)
     step = 2**16
     for start in range(0, N, step):
-        X[start : start + step] = rng.normal(size=(min(step, N - start), D)).astype(np.float32)
+        X[start : start + step] = rng.standard_normal((min(step, N - start), D), dtype=np.float32)
         X.flush()
         X._mmap.madvise(__import__("mmap").MADV_DONTNEED)
     del X
