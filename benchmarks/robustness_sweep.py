@@ -24,9 +24,10 @@ Goal: 0 Cholesky failures, 0 diverged fits, 0 non-finite results, 0 errors. Writ
 
 ``--merge`` runs only ``--models`` and merges their counts and failures into the existing ``--out``
 (the other models' records are kept; a model run again replaces its old records), then recomputes
-``totals``, ``goal_met`` and ``complete``. A run with other ``--steps`` than the file's protocol is
-or a ``--num-inducing`` override (a model whose default M the data set cannot supply) is recorded
-per model (``protocol["deviations"]``), with ``--reason`` saying why.
+``totals``, ``goal_met`` and ``complete``; ``--collect --merge`` with the same arguments merges
+the models a cut-short merge had finished in every precision. A run with other ``--steps`` than
+the file's protocol or a ``--num-inducing`` override (a model whose default M the data set cannot
+supply) is recorded per model (``protocol["deviations"]``), with ``--reason`` saying why.
 """
 
 from __future__ import annotations
@@ -197,6 +198,8 @@ def main(argv=None) -> dict:
     if not args.collect:
         report["seconds"] = time.perf_counter() - started
     if args.merge:
+        if args.collect:  # a merge cut short: only the models every precision finished are merged
+            models = [name for name in models if all(name in r["models"] for r in report["results"].values())]
         report = merge_reports(json.loads(args.out.read_text()), report, models, args.steps, args.num_inducing, args.reason)
     totals = collections.Counter()
     for result in report["results"].values():
