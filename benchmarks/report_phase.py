@@ -7,7 +7,9 @@ command reports both phases on its last line; the fitting phase is the fits of e
 report phase everything after them (full-data ELBO estimates, DataTrees with posterior draws and
 pointwise log-likelihoods, netCDF files, PSIS-LOO, figures, HTML and Markdown). The machine is
 shared and noisy, so the headline is the ratio report / fit within each run, and its median over
-repeats. Goal: report ≤ 0.5 × fit.
+repeats, with the load average after each run. Goal: report ≤ 0.5 × fit. The report compiles its
+programs ahead of time on the cores the load average leaves idle (none on a loaded machine), so
+the ratio depends on the load as well as on the work.
 
     python benchmarks/report_phase.py [--repeats 3] [--out PATH] [-- extra gpzoo compare options]
 """
