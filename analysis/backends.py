@@ -101,8 +101,10 @@ def _ray(tasks: Sequence[FitTask], X, y, options: FitOptions, on_done: Callable[
     except ImportError:
         raise InvalidArgumentError("backend", 'the "ray" backend needs Ray: pip install "gpzoo[ray]"') from None
     started = not ray.is_initialized()
-    # ray.init installs its own SIGINT/SIGTERM handlers in this process; they are restored afterwards
+    # ray.init installs its own SIGINT/SIGTERM handlers in this process and its threads may change the
+    # calling thread's signal mask; both are restored afterwards (fit's checkpointing relies on Ctrl-C)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     if started:
         ray.init(address=address, num_cpus=None if address else os.cpu_count(), include_dashboard=False,
                  log_to_driver=False, configure_logging=False)
@@ -138,6 +140,7 @@ def _ray(tasks: Sequence[FitTask], X, y, options: FitOptions, on_done: Callable[
     finally:
         if started:
             ray.shutdown()
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for sig, handler in handlers.items():
             if handler is not None:
                 signal.signal(sig, handler)

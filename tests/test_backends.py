@@ -70,7 +70,9 @@ def test_ray_leaves_the_interrupt_handlers_as_it_found_them(tmp_path):
 
     pytest.importorskip("ray", reason='Ray is an optional extra: pip install "gpzoo[ray]"')
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     run_fits([], None, None, FitOptions(steps=1, batch_size=None, learning_rate=0.1), backend="ray")
     assert {sig: signal.getsignal(sig) for sig in before} == before
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask  # SIGINT is not left blocked either
     with pytest.raises(KeyboardInterrupt):
         signal.raise_signal(signal.SIGINT)

@@ -1,4 +1,5 @@
-"""Benchmarks still run against the library (every script is exercised by a test)."""
+"""Benchmarks still run against the library (every script is exercised by a test; the longer
+smoke runs are ``-m benchmark`` with the benchmarks themselves)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def _load(name: str):
     return module
 
 
-@pytest.mark.slow
+@pytest.mark.benchmark
 def test_svgp_scaling_quick(tmp_path):
     svgp_scaling = _load("svgp_scaling")
     out = tmp_path / "svgp_scaling.json"

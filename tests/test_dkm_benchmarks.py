@@ -1,7 +1,7 @@
 """The deep-kernel-machine benchmark scripts still run against the library (tiny settings).
 
-The full runs are ``-m benchmark``: the §4.2 toy grid, the conv ablation (3 configurations × 3
-seeds) and the step timing; the quick toy grid is ``slow``.
+Everything here is ``-m benchmark`` (each run costs tens of seconds even at tiny settings): the
+quick §4.2 toy grid, the conv ablation (3 configurations) and the step timing.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def _report(script: str, args: list[str], tmp_path) -> dict:
     return json.loads(out.read_text())
 
 
-@pytest.mark.slow
+@pytest.mark.benchmark
 def test_sine_toy_records_a_condition_trace_per_run(tmp_path):
     report = _report("dkm_sine_toy", ["--quick", "--steps", "20", "--record-every", "10"], tmp_path)
     assert report["settings"]["num_inducing"] == 100 and report["settings"]["dtype"] == "float64"

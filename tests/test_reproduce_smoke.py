@@ -1,7 +1,7 @@
 """The paper-reproduction scripts still run against the library, and the README results are current.
 
-The reproductions themselves are long benchmark runs; here they run with ``--quick`` (a few
-steps on a few dozen images, numbers meaningless) to check the plumbing and the JSON layout.
+The reproductions themselves are long benchmark runs; their ``--quick`` form (a few steps on a few
+dozen images, numbers meaningless: the plumbing and the JSON layout) is ``-m benchmark`` too.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def test_summarise_generic_fallback_and_bad_files(tmp_path):
     assert "could not summarise: KeyError" in section
 
 
-@pytest.mark.slow
+@pytest.mark.benchmark
 def test_reproduce_scripts_quick(tmp_path):
     conv = _load("reproduce_conv")
     out = tmp_path / "conv.json"

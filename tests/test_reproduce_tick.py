@@ -1,7 +1,7 @@
 """The Dutordoir et al. 2020 benchmark scripts run against the library; E2's data set is what it claims to be.
 
-``--quick`` runs check plumbing and JSON layout only (numbers meaningless); the ``benchmark``-marked
-test runs E2 at its real (CPU-sized) settings and checks its goal.
+``--quick`` runs check plumbing and JSON layout only (numbers meaningless) and, at about a minute,
+are ``-m benchmark`` like the run of E2 at its real (CPU-sized) settings that checks its goal.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def test_location_bars_differ_only_in_where_the_bar_is():
     assert not tick.same_patch_multisets(np.concatenate([X[:1], edge.reshape(1, -1)]))
 
 
-@pytest.mark.slow
+@pytest.mark.benchmark
 def test_reproduce_tick_and_step_benchmark_quick(tmp_path):
     tick = _load("reproduce_tick")
     out = tmp_path / "tick.json"
