@@ -210,27 +210,27 @@ def _api_flag(name: str) -> str:
     return name if name == "out" else f"{name}=True"
 
 
+def _non_empty_list(value, argument: str, expected: str, one: str) -> list:
+    """``value`` as a list; an ``InvalidArgumentError`` naming ``argument`` if it is not iterable or empty."""
+    try:
+        value = list(value)
+    except TypeError:
+        raise InvalidArgumentError(argument, f"expected {expected}, got {value!r}") from None
+    if not value:
+        raise InvalidArgumentError(argument, f"give at least one {one}")
+    return value
+
+
 def _model_list(models) -> list:
     if isinstance(models, str):
         models = [m.strip() for m in models.split(",") if m.strip()]
-    try:
-        models = list(models)
-    except TypeError:
-        raise InvalidArgumentError("models", f"expected model names (or ModelSpecs), got {models!r}") from None
-    if not models:
-        raise InvalidArgumentError("models", "give at least one model")
-    return models
+    return _non_empty_list(models, "models", "model names (or ModelSpecs)", "model")
 
 
 def _seed_list(seeds) -> list[int]:
     if isinstance(seeds, (int, np.integer)) and not isinstance(seeds, bool):
         seeds = [seeds]
-    try:
-        seeds = list(seeds)
-    except TypeError:
-        raise InvalidArgumentError("seeds", f"expected a sequence of non-negative integers, got {seeds!r}") from None
-    if not seeds:
-        raise InvalidArgumentError("seeds", "give at least one seed")
+    seeds = _non_empty_list(seeds, "seeds", "a sequence of non-negative integers", "seed")
     for seed in seeds:
         check_seed(seed, "seeds")
     seeds = [int(s) for s in seeds]
