@@ -25,19 +25,29 @@ with its Monte Carlo s.e.) and the Table 1 metrics of :mod:`gpzoo.analysis.metri
 error, NLL on all test points and on the misclassified ones), plus learned location lengthscales.
 Results merge into ``benchmarks/results/reproduce_tick.json`` experiment by experiment.
 
+Several seeds (``--seeds 0 1``): each seed draws its own training subset order, initialisation and
+minibatches; an experiment's ``models`` then hold the mean over seeds (with ``<metric>_sd``, the
+standard deviation across seeds), ``seeds`` holds every seed's own records, and the goal is judged
+on the means and on every seed alone (``met_every_seed``). Per-seed JSON files written by separate
+runs (``--out`` per seed, e.g. on another machine) merge the same way with ``--combine FILE ...``.
+
     /work/venv/bin/python benchmarks/reproduce_tick.py --experiment e2
+    /work/venv/bin/python benchmarks/reproduce_tick.py --experiment e1 --max-train 4000 --max-test 1000 \
+        --num-inducing 100 --steps 2000 --seeds 0 1
+    /work/venv/bin/python benchmarks/reproduce_tick.py --combine e1_seed0.json e1_seed1.json
     /work/venv/bin/python benchmarks/reproduce_tick.py --quick --out /tmp/reproduce_tick.json
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import jax
 import numpy as np
 
-from _common import apply_quick, machine_info, now, reproduction_parser, run_and_merge  # noqa: E402
+from _common import apply_quick, machine_info, merge_results, now, reproduction_parser, run_and_merge  # noqa: E402
 from reproduce_conv import subsample  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "reproduce_tick.json"
@@ -218,8 +228,55 @@ def run_experiment(experiment: str, args) -> dict:
     return payload
 
 
+#: per-model numbers that are averaged over seeds (the rest are taken from the first seed)
+SEED_AVERAGED = ("elbo", "elbo_stderr", "top1_error", "top2_error", "top3_error", "nll", "nll_misclassified", "num_misclassified",
+                 "final_minibatch_elbo", "wall_s", "s_per_step")
+
+
+def combine_seeds(name: str, payloads: list[dict]) -> dict:
+    """Experiment ``name``'s record from the records of several seeds (same experiment, data sizes and settings).
+
+    ``models[m]`` holds the mean over seeds of :data:`SEED_AVERAGED` (and ``<key>_sd``, the sample
+    standard deviation across seeds), ``seeds[str(seed)]`` each seed's own ``models`` and machine;
+    the goal is judged on the means and, as ``met_every_seed``, on each seed alone.
+    """
+    if len(payloads) == 1:
+        return payloads[0]
+    first = payloads[0]
+    seeds = [p["settings"]["seed"] for p in payloads]
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"--combine: seeds repeat ({seeds})")
+    for p in payloads[1:]:
+        for key in ("dataset", "num_train", "num_test", "num_inducing", "steps", "patch_shape", "dtype"):
+            if p["settings"][key] != first["settings"][key]:
+                raise SystemExit(f"--combine: the runs differ in {key} ({first['settings'][key]} vs {p['settings'][key]})")
+    models = {}
+    for model in first["models"]:
+        records = [p["models"][model] for p in payloads if model in p["models"]]
+        merged = dict(records[0])
+        for key in SEED_AVERAGED:
+            values = [r[key] for r in records if isinstance(r.get(key), (int, float)) and r.get(key) is not None]
+            if len(values) == len(records):
+                merged[key] = float(np.mean(values))
+                merged[f"{key}_sd"] = float(np.std(values, ddof=1))
+        merged["num_seeds"] = len(records)
+        models[model] = merged
+    combined = {**first, "date": max(p["date"] for p in payloads),
+                "settings": {**first["settings"], "seed": None, "seeds": seeds}, "models": models,
+                "seeds": {str(p["settings"]["seed"]): {"models": p["models"], "machine": p["machine"], "date": p["date"],
+                                                       "goal": p.get("goal")} for p in payloads}}
+    outcome = goal(name, models)
+    if outcome is not None:
+        outcome["met_every_seed"] = all((p.get("goal") or {}).get("met", False) for p in payloads)
+        combined["goal"] = outcome
+    return combined
+
+
 def parse_args(argv=None):
     parser = reproduction_parser(__doc__.split("\n")[0], EXPERIMENTS, default="e2", out=OUT, seed=SEED)
+    parser.add_argument("--seeds", type=int, nargs="+", help="run every model once per seed and record mean and spread")
+    parser.add_argument("--combine", type=Path, nargs="+", metavar="FILE",
+                        help="merge per-seed result files (each written with --out) into --out; runs nothing")
     args = parser.parse_args(argv)
     if args.quick:
         apply_quick(args, max_train=40, max_test=20)
@@ -237,10 +294,32 @@ def combine(name: str, previous: dict | None, payload: dict) -> dict:
     return payload
 
 
+def _run_seeds(name: str, args) -> dict:
+    payloads = []
+    for seed in args.seeds or [args.seed]:
+        args.seed = seed
+        payloads.append(run_experiment(name, args))
+    return dict(combine_seeds(name, payloads), partial=bool(args.models))
+
+
+def combine_files(paths, out: Path) -> dict:
+    """``--combine``: every experiment found in the per-seed files, merged over seeds into ``out``."""
+    found: dict[str, list[dict]] = {}
+    for path in paths:
+        for name, payload in json.loads(Path(path).read_text()).get("experiments", {}).items():
+            found.setdefault(name, []).append(payload)
+    report = {}
+    for name, payloads in found.items():
+        report = merge_results(out, name, combine_seeds(name, sorted(payloads, key=lambda p: p["settings"]["seed"])))
+    return report
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.combine:
+        return combine_files(args.combine, args.out)
     names = list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]
-    return run_and_merge(names, args.out, lambda name: dict(run_experiment(name, args), partial=bool(args.models)), combine)
+    return run_and_merge(names, args.out, lambda name: _run_seeds(name, args), combine)
 
 
 if __name__ == "__main__":

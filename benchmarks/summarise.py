@@ -48,7 +48,14 @@ TITLES = {
     "dkm_sine_toy": "Milsom et al. 2024, §4.2 / fig. 1: cond(G) of a one-layer DKM on the sine toy (`benchmarks/dkm_sine_toy.py`)",
     "reproduce_dkm": "Milsom et al. 2024, Table 3 ablations, CPU-sized: conv DKM with and without SKR / Taylor KL (`benchmarks/reproduce_dkm.py`)",
     "dkm_step": "Conv DKM training step against a straightforward JAX step and the machine's bound (`benchmarks/dkm_step.py`)",
+    "deep_conv_step_h100": "2-layer deep TICK GP step on a GPU (`benchmarks/deep_conv_step.py`)",
+    "data_parallel_step_h100": "Conv model step on a GPU (`benchmarks/data_parallel_step.py`)",
+    "data_parallel_step_8cores": "Conv model step on 1 against 2 devices, 8 CPU cores (`benchmarks/data_parallel_step.py`)",
+    "reproduce_dkm_wide": "Milsom et al. 2024, Table 3 ablations at 4× the width (`benchmarks/reproduce_dkm.py --width 64`)",
 }
+#: result files that differ from another only in where or at what size they ran
+ALIASES = {"deep_conv_step_h100": "deep_conv_step", "data_parallel_step_h100": "data_parallel_step",
+           "data_parallel_step_8cores": "data_parallel_step", "reproduce_dkm_wide": "reproduce_dkm"}
 FORMATTERS: dict[str, Callable[[dict], list[str]]] = {}
 
 
@@ -96,7 +103,10 @@ def device_of(report: dict) -> str:
     devices = machine.get("devices") or machine.get("device")
     if isinstance(devices, list):
         devices = ", ".join(devices)
-    return f"{devices or 'unrecorded'} (jax {machine.get('jax', '?')})"
+    kind = machine.get("device_kind")
+    named = f"{devices} = {kind}" if devices and kind and kind != "cpu" else devices
+    cores = f", {machine['cpus_usable']} of {machine['cpu_count']} CPU cores" if machine.get("cpu_count", 2) != 2 and "cpus_usable" in machine else ""
+    return f"{named or 'unrecorded'} (jax {machine.get('jax', '?')}{cores})"
 
 
 def in_order(names, order) -> list[str]:
@@ -137,7 +147,9 @@ def _reproduce_conv(report: dict) -> list[str]:
         lines += table(["model", "M", "steps", "error", "paper error", "NLPP", "paper NLPP", "ELBO ± s.e.", "s/step", "goal met",
                         "device"], rows)
         if "goal" in exp:
-            lines += ["", f"Goal ({exp['goal']['text']}): {yes_no(exp['goal']['met'])}."]
+            every = exp["goal"].get("met_every_seed")
+            lines += ["", f"Goal ({exp['goal']['text']}): {yes_no(exp['goal']['met'])}"
+                          + (f" on the means; on every seed alone: {yes_no(every)}." if every is not None else ".")]
         figures = [f"`benchmarks/results/{r['figure']}` (`{m}`)" for m, r in exp["models"].items() if r.get("figure")]
         if figures:
             lines += ["", "Learned inducing patches sorted by their inducing output (van der Wilk et al. 2017, fig. 1a): " + ", ".join(figures) + "."]
@@ -352,9 +364,12 @@ def _reproduce_tick(report: dict) -> list[str]:
         exp = experiments[name]
         s = exp["settings"]
         extra = " Every image has the same multiset of patches (checked)." if s.get("conv_indistinguishable") else ""
+        seeds = s.get("seeds")
+        spread = (f" Mean over seeds {', '.join(map(str, seeds))}; ELBO ± its s.d. across seeds; every seed's own numbers are "
+                  f"in the JSON." if seeds else f" Seed {s.get('seed')}; ELBO ± its Monte Carlo s.e.")
         lines += ["", f"**{name.upper()}** — {s['dataset']}, {s['num_train']:,} train / {s['num_test']:,} test images, "
                       f"{s['patch_shape'][0]}×{s['patch_shape'][1]} patches, M = {s['num_inducing']}, Adam {s['learning_rate']}, "
-                      f"batch {s['batch_size']}. **CPU-sized**: {s['cpu_sized']}; the paper: {s['paper_setting']}.{extra} "
+                      f"batch {s['batch_size']}. **CPU-sized**: {s['cpu_sized']}; the paper: {s['paper_setting']}.{extra}{spread} "
                       f"{provenance(exp)}", ""]
         rows = []
         for model, r in exp["models"].items():
@@ -365,11 +380,13 @@ def _reproduce_tick(report: dict) -> list[str]:
             scales = ", ".join(num(v) for v in r.get("location_lengthscales", {}).values()) or "—"
             rows.append([f"`{model}`", num(r["steps"]), pct(r["top1_error"]), pct(r.get("top2_error")), pct(r.get("top3_error")),
                          num(r["nll"]), num(r["nll_misclassified"]), pct(paper.get("top1_error")),
-                         f"{num(r['elbo'], 5)} ± {num(r['elbo_stderr'])}", num(r["s_per_step"]), scales])
+                         f"{num(r['elbo'], 5)} ± {num(r['elbo_sd'] if seeds else r['elbo_stderr'])}", num(r["s_per_step"]), scales])
         lines += table(["model", "steps", "top-1", "top-2", "top-3", "NLL", "NLL misses", "paper top-1", "ELBO ± s.e.", "s/step",
                         "location ℓ"], rows)
         if "goal" in exp:
-            lines += ["", f"Goal ({exp['goal']['text']}): {yes_no(exp['goal']['met'])}."]
+            every = exp["goal"].get("met_every_seed")
+            lines += ["", f"Goal ({exp['goal']['text']}): {yes_no(exp['goal']['met'])}"
+                          + (f" on the means; on every seed alone: {yes_no(every)}." if every is not None else ".")]
     return lines + (["", STEP_NOTE] if lines else [])
 
 
@@ -380,7 +397,7 @@ def _deep_conv_step(report: dict) -> list[str]:
     rows = [[clock.replace("_s", ""), num(1e3 * t["gpzoo"][clock]), num(1e3 * t["straightforward"][clock]), num(speed[clock]),
              num(1e3 * report["bound_s"][clock]), num(over[clock]["gpzoo"]), num(over[clock]["straightforward"])]
             for clock in ("cpu_s", "wall_s")]
-    goals = ", ".join(f"{k}: {yes_no(v)}" for k, v in report["goals"].items())
+    goals = ", ".join(f"{k}: {yes_no(v)}" for k, v in report["goals"].items() if v is not None) or "not judged"
     temp = report["temp_bytes"]
     return ["", f"`{s['model']}`, {s['num_layers']} layers, {s['image_shape'][0]}×{s['image_shape'][1]} images, "
                 f"{s['patch_shape'][0]}×{s['patch_shape'][1]} patches, M = {s['M']} per layer, B = {s['B']}, {s['dtype']}; "
@@ -450,7 +467,9 @@ def render(results_dir: Path = RESULTS) -> str:
     for path in files:
         try:
             report = json.loads(path.read_text())
-            body = FORMATTERS.get(path.stem, generic)(report)
+            body = FORMATTERS.get(ALIASES.get(path.stem, path.stem), generic)(report)
+            if isinstance(report.get("note"), str):
+                body = ["", report["note"], *body]
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:  # a malformed file must not hide the rest
             body = ["", f"(could not summarise: {type(exc).__name__}: {exc})"]
         lines += ["", f"### {TITLES.get(path.stem, path.stem.replace('_', ' '))}", *body]
