@@ -30,6 +30,7 @@ SKR configurations (the default: ceil(P/4) per layer, the paper's rule).
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -101,6 +102,29 @@ def summarise(runs: list[dict]) -> dict:
     return out
 
 
+#: settings that may differ between the files ``--combine`` merges (each process ran some of them)
+SPLIT_SETTINGS = ("seeds", "configs", "combine")
+
+
+def combine(paths, out: Path) -> dict:
+    """One report from the runs of several result files that differ only in their seeds / configurations."""
+    reports = [json.loads(Path(path).read_text()) for path in paths]
+    fixed = [{k: v for k, v in r["settings"].items() if k not in SPLIT_SETTINGS} for r in reports]
+    if any(f != fixed[0] for f in fixed[1:]):
+        raise SystemExit("--combine: the files were run with different settings")
+    runs = [run for r in reports for run in r["runs"]]
+    pairs = [(run["config"], run["seed"]) for run in runs]
+    if len(set(pairs)) != len(pairs):
+        raise SystemExit("--combine: a (configuration, seed) run appears twice")
+    report = dict(reports[0], date=max(r["date"] for r in reports), runs=runs, summary=summarise(runs),
+                  total_seconds=sum(r["total_seconds"] for r in reports),
+                  settings=dict(reports[0]["settings"], seeds=sorted({run["seed"] for run in runs}),
+                                configs=[c for c in CONFIGS if any(run["config"] == c for run in runs)],
+                                combined_from_processes=len(reports)))
+    write_json(out, report)
+    return report
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
@@ -113,18 +137,23 @@ def main(argv=None) -> dict:
     parser.add_argument("--mc-samples", type=int, default=16)
     parser.add_argument("--taylor-form", default="taylor_symmetric", choices=("taylor_symmetric", "taylor_frobenius"))
     parser.add_argument("--skr-gamma", type=int, default=None, help="γ of the SKR configurations (default: ceil(P/4))")
+    parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS), help="only these configurations")
+    parser.add_argument("--combine", type=Path, nargs="+", metavar="FILE",
+                        help="merge the runs of result files written by separate processes (same settings) into --out")
     parser.add_argument("--quick", action="store_true", help="one seed, few steps (smoke test)")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
+    if args.combine:
+        return combine(args.combine, args.out)
     if args.quick:
         args.seeds, args.steps = args.seeds[:1], min(args.steps, 5)
     data = datasets.load("digits-8x8")
     started = time.perf_counter()
-    runs = [run(name, data, seed, args) for name in CONFIGS for seed in args.seeds]
+    runs = [run(name, data, seed, args) for name in args.configs for seed in args.seeds]
     report = {
         "benchmark": "reproduce_dkm", "paper": "Milsom, Anson, Aitchison 2024, Table 3 (ablations), CPU-sized",
         "date": now(), "machine": machine_info(), "total_seconds": time.perf_counter() - started,
-        "settings": {k: v for k, v in vars(args).items() if k != "out"} | {
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "combine")} | {
             "data": f"digits-8x8 ({len(data.y_train)} train / {len(data.y_test)} test, 10 classes)", "dtype": "float32",
             "model": "conv-dkm (gpzoo zoo), normalised-Gaussian kernel, batch kernel norm, skips, GAP head",
             "optimizer": "Adam (gpzoo.fit default betas 0.9/0.999)"},
