@@ -1,19 +1,73 @@
-"""Comparison fits on the Ray backend give the same results, report and saved models as the sequential one."""
+"""Comparison fits on the Ray backend give the same results, report and saved models as the sequential
+one; the run's compilation cache changes no result; the dispatcher keeps a model's fits from compiling twice."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 
+import jax
 import numpy as np
 import pandas as pd
 import pytest
 
-from gpzoo.analysis.backends import FitOptions, FitTask, FitTaskError, run_fits
+import gpzoo
+from gpzoo.analysis import datasets
+from gpzoo.analysis.backends import COMPILE_CACHE, Dispatcher, FitOptions, FitTask, FitTaskError, run_fits
 from gpzoo.analysis.cli import main
+from gpzoo.inference.tasks import compile_cache
 from gpzoo.models.errors import InvalidArgumentError
 from conftest import TINY_CLI
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")
+
+RAY_REASON = 'Ray is an optional extra: pip install "gpzoo[ray]"'
+TINY = {"steps": 6, "batch_size": 20, "num_train": 40, "num_test": 30, "num_inducing": 5, "num_draws": 30}
+
+
+def _signals():
+    return {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}, signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def _restore(state):
+    handlers, mask = state
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
+@pytest.fixture(scope="module")
+def _ray_module():
+    ray = pytest.importorskip("ray", reason=RAY_REASON)
+    yield ray
+    if ray.is_initialized():
+        state = _signals()
+        ray.shutdown()
+        _restore(state)
+
+
+@pytest.fixture
+def local_ray(_ray_module):
+    """One local 2-CPU Ray instance shared by this module's Ray tests (the backend leaves a running
+    instance running); this process's signal handlers and mask are restored after its start."""
+    if not _ray_module.is_initialized():
+        state = _signals()
+        _ray_module.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        _restore(state)
+    return _ray_module
+
+
+def _svgp_tasks(tmp_path, seeds, *, input_dim=2):
+    from gpzoo.models import zoo  # noqa: PLC0415
+
+    spec = zoo.get("svgp-rbf", input_dim=input_dim, ard=True, task="binary", num_classes=2, num_inducing=4)
+    return [FitTask(f"svgp seed {s}", spec, s, tmp_path / f"svgp_{s}", tmp_path / "ck" / f"svgp_{s}") for s in seeds]
+
+
+def _xy(n=30):
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(n, 2)), rng.integers(0, 2, n).astype(float)
 
 
 def _compare(out, *extra):
@@ -29,10 +83,119 @@ def test_unknown_backend_and_misplaced_options_are_refused(tmp_path):
         run_fits([], None, None, FitOptions(steps=1, batch_size=None, learning_rate=0.1), address="x")
 
 
-def test_ray_backend_matches_sequential_bit_for_bit(tmp_path):
-    pytest.importorskip("ray", reason='Ray is an optional extra: pip install "gpzoo[ray]"')
+class _Spec:
+    """A stand-in spec: equal when the names are."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __eq__(self, other):
+        return isinstance(other, _Spec) and other.name == self.name
+
+    __hash__ = None  # like a ModelSpec with a dict field: unhashable
+
+
+def _task(model, seed):
+    return FitTask(f"{model} seed {seed}", _Spec(model), seed, None, None)
+
+
+def test_dispatcher_compiles_each_model_once_and_never_idles():
+    a0, a1, a2, b0, b1 = _task("a", 0), _task("a", 1), _task("a", 2), _task("b", 0), _task("b", 1)
+    queue = Dispatcher([a0, a1, a2, b0, b1])
+    first, second = queue.next(), queue.next()
+    assert (first, second) == (a0, b0)  # two workers start two different models, not model a twice
+    queue.finished(a0)
+    assert queue.next() == a1  # model a's programs are compiled: its fits go first
+    assert queue.next() == a2
+    assert queue.next() == b1  # only b is left, its first fit still running: taken anyway, no worker idles
+    assert queue.next() is None and len(queue) == 0
+
+
+def test_dispatcher_puts_a_retried_task_first_and_groups_equal_specs():
+    a0, a1, b0 = _task("a", 0), _task("a", 1), _task("b", 0)
+    queue = Dispatcher([a0, a1, b0])
+    assert queue.next() == a0
+    queue.retry(a0)  # a0 failed before a fit of model a finished
+    assert queue.next() == b0  # rule 2 (a model nobody started) comes before rule 3
+    assert queue.next() == a0 and queue.next() == a1 and queue.next() is None
+    # equal specs that are different objects are one model
+    c0, c1 = _task("c", 0), _task("c", 1)
+    assert c0.spec is not c1.spec
+    queue = Dispatcher([c0, c1, _task("d", 0)])
+    assert queue.next() == c0 and queue.next().name == "d seed 0"
+
+
+def test_compile_cache_reads_programs_back_without_changing_any_result(tmp_path):
+    """The second seed's fit reads the first's programs from the run's cache and equals, bit for bit,
+    the same fit compiled afresh; JAX's cache settings are as they were afterwards. In float32, the
+    library's default (the Ray tests below run the cache in float64)."""
+    dtype = "float32"
+    from gpzoo.inference.fit import fit  # noqa: PLC0415
+    from gpzoo.inference.io import load  # noqa: PLC0415
+
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", dtype == "float64")
+    try:
+        X, y = _xy()
+        tasks = _svgp_tasks(tmp_path, [0, 1])
+        hits = []
+        listener = lambda event, **kw: hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None  # noqa: E731
+        jax.monitoring.register_event_listener(listener)
+        try:
+            run_fits(tasks, X, y, FitOptions(steps=4, batch_size=10, learning_rate=0.05),
+                     on_done=lambda task: hits.append(f"done {task.name}"))
+        finally:
+            jax.monitoring.unregister_event_listener(listener)
+        # seed 0 compiled and wrote; seed 1 read programs back
+        assert hits.index("done svgp seed 0") < len(hits) - 1 and "/jax/compilation_cache/cache_hits" in \
+            hits[hits.index("done svgp seed 0"):]
+        assert not (tmp_path / "ck" / COMPILE_CACHE).exists()  # every task finished: the cache is gone
+        assert jax.config.jax_compilation_cache_dir is None
+        cached = load(tasks[1].saved)
+        fresh = fit(tasks[1].spec, X, y, steps=4, batch_size=10, seed=1, learning_rate=0.05, progress=False)
+        assert str(cached.params["q_mu"].dtype) == dtype
+        for name, value in fresh.params.items():
+            np.testing.assert_array_equal(value, cached.params[name], err_msg=name)
+        np.testing.assert_array_equal(fresh.objective_history, cached.objective_history)
+    finally:
+        jax.config.update("jax_enable_x64", previous)
+
+
+def test_compile_cache_leaves_a_callers_own_cache_alone(tmp_path):
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "mine"))
+    try:
+        with compile_cache(tmp_path / "run"):
+            assert jax.config.jax_compilation_cache_dir == str(tmp_path / "mine")
+        assert not (tmp_path / "run").exists()
+    finally:
+        jax.config.update("jax_compilation_cache_dir", None)
+    with compile_cache(tmp_path / "run", shared=True):
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "run")
+        assert jax.config.jax_compilation_cache_max_size > 0  # shared: JAX locks the folder
+    assert jax.config.jax_compilation_cache_dir is None and jax.config.jax_compilation_cache_max_size == -1
+
+
+def test_ray_leaves_the_interrupt_handlers_as_it_found_them(_ray_module):
+    """After a Ray run that started its own instance, Ctrl-C still raises KeyboardInterrupt in this
+    process (fit's checkpointing relies on it)."""
+    ray = _ray_module
+    if ray.is_initialized():  # the shared instance: shut it down, the next test starts it again
+        state = _signals()
+        ray.shutdown()
+        _restore(state)
+    before, mask = _signals()
+    run_fits([], None, None, FitOptions(steps=1, batch_size=None, learning_rate=0.1), backend="ray")
+    assert not ray.is_initialized()
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask  # SIGINT is not left blocked either
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
+
+
+def test_ray_backend_matches_sequential_bit_for_bit(tmp_path, local_ray):
     assert _compare(tmp_path / "seq") == 0
     assert _compare(tmp_path / "ray", "--backend", "ray", "--cpus-per-fit", "1") == 0
+    assert local_ray.is_initialized()  # a running instance is used and left running
     seq = pd.read_csv(tmp_path / "seq" / "comparison.csv", index_col="model")
     ray_ = pd.read_csv(tmp_path / "ray" / "comparison.csv", index_col="model")
     timing = ["fit_seconds"]
@@ -45,34 +208,68 @@ def test_ray_backend_matches_sequential_bit_for_bit(tmp_path):
         for key in a.files:
             np.testing.assert_array_equal(a[key], b[key], err_msg=f"{run}: {key}")
     assert json.loads((tmp_path / "ray" / "report.json").read_text())["groups"]
+    assert not (tmp_path / "ray" / "checkpoints").exists()  # checkpoints and compilation cache removed
 
 
-def test_a_failing_ray_task_is_named_and_the_others_are_kept(tmp_path):
-    pytest.importorskip("ray", reason='Ray is an optional extra: pip install "gpzoo[ray]"')
-    from gpzoo.models import zoo  # noqa: PLC0415
+def test_ray_api_equals_sequential_api_bit_for_bit(tmp_path, local_ray):
+    """gpzoo.compare(..., backend="ray"), one model × two seeds: the same fits (every parameter, the
+    ELBO trace) and ELBO table on Ray as here."""
+    data = datasets.load("two-moons", seed=3)
+    kwargs = {"seeds": [0, 1], "data_seed": 3, "report": False, **TINY}
+    seq = gpzoo.compare(data, ["svgp-rbf"], out=tmp_path / "seq", **kwargs)
+    ray_ = gpzoo.compare(data, "svgp-rbf", backend="ray", cpus_per_fit=1, **kwargs)
+    assert sorted(seq.results) == sorted(ray_.results) == [("svgp-rbf", 0), ("svgp-rbf", 1)]
+    for key, res in seq.results.items():
+        other = ray_.results[key]
+        assert res.seed == other.seed == key[1]
+        assert sorted(res.params) == sorted(other.params)
+        for name, value in res.params.items():
+            np.testing.assert_array_equal(value, other.params[name], err_msg=f"{key}: {name}")
+        np.testing.assert_array_equal(res.objective_history, other.objective_history)
+    assert not np.array_equal(seq.results["svgp-rbf", 0].params["q_mu"], seq.results["svgp-rbf", 1].params["q_mu"])
+    pd.testing.assert_frame_equal(seq.table.sort_index(), ray_.table.sort_index())
+    assert sorted(seq.table.index) == ["svgp-rbf seed 0", "svgp-rbf seed 1"]
+    assert seq.report_path is None and (tmp_path / "seq" / "models" / "svgp-rbf_seed_1" / "model.json").is_file()
+    assert seq["svgp-rbf", 1] is seq.results["svgp-rbf", 1]
+    # resuming the finished run refits nothing: it reads the same fits back
+    again = gpzoo.compare(data, ["svgp-rbf"], out=tmp_path / "seq", resume=True, **kwargs)
+    for key, res in seq.results.items():
+        np.testing.assert_array_equal(res.params["q_mu"], again.results[key].params["q_mu"])
 
-    rng = np.random.default_rng(0)
-    X, y = rng.normal(size=(30, 2)), rng.integers(0, 2, 30).astype(float)
-    good = zoo.get("svgp-rbf", input_dim=2, task="binary", num_classes=2, num_inducing=4)
-    bad = zoo.get("svgp-rbf", input_dim=3, ard=True, task="binary", num_classes=2, num_inducing=4)  # 3 lengthscales, 2 columns
-    tasks = [FitTask(name, spec, 0, tmp_path / name, tmp_path / "ck" / name) for name, spec in (("good", good), ("bad", bad))]
+
+def test_a_failing_ray_task_is_named_and_the_others_are_kept(tmp_path, local_ray):
+    X, y = _xy()
+    good = _svgp_tasks(tmp_path, [0])[0]
+    bad = _svgp_tasks(tmp_path / "b", [0], input_dim=3)[0]  # 3 lengthscales, 2 columns
+    bad = FitTask("bad", bad.spec, 0, tmp_path / "bad", tmp_path / "ck" / "bad")
     done = []
     with pytest.raises(FitTaskError, match="bad: HyperparameterError") as failure:
-        run_fits(tasks, X, y, FitOptions(steps=3, batch_size=10, learning_rate=0.05), backend="ray",
+        run_fits([good, bad], X, y, FitOptions(steps=3, batch_size=10, learning_rate=0.05), backend="ray",
                  on_done=lambda task: done.append(task.name))
-    assert "good" not in str(failure.value).split("failed", 1)[1]
-    assert done == ["good"] and (tmp_path / "good" / "model.json").is_file() and not (tmp_path / "bad").exists()
+    assert "svgp seed 0" not in str(failure.value).split("failed", 1)[1]
+    assert done == ["svgp seed 0"] and (good.saved / "model.json").is_file() and not bad.saved.exists()
+    assert (tmp_path / "ck" / COMPILE_CACHE).is_dir()  # the run stopped early: its cache is kept for --resume
 
 
-def test_ray_leaves_the_interrupt_handlers_as_it_found_them(tmp_path):
-    """After a Ray run, Ctrl-C still raises KeyboardInterrupt in this process (fit's checkpointing relies on it)."""
-    import signal  # noqa: PLC0415
+def test_a_task_whose_actor_dies_is_retried_on_a_fresh_actor(tmp_path, local_ray):
+    """The worker process of the only actor is killed after its first fit: the next task, sent to
+    the dead actor, runs again on a fresh one and the run completes."""
+    import psutil  # noqa: PLC0415 - a dependency of Ray
 
-    pytest.importorskip("ray", reason='Ray is an optional extra: pip install "gpzoo[ray]"')
-    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
-    run_fits([], None, None, FitOptions(steps=1, batch_size=None, learning_rate=0.1), backend="ray")
-    assert {sig: signal.getsignal(sig) for sig in before} == before
-    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask  # SIGINT is not left blocked either
-    with pytest.raises(KeyboardInterrupt):
-        signal.raise_signal(signal.SIGINT)
+    X, y = _xy()
+    tasks = _svgp_tasks(tmp_path, [0, 1])
+    killed = []
+
+    def kill_the_actor(task):
+        if not killed:
+            actors = [p for p in psutil.process_iter(["cmdline"]) if "FitActor" in " ".join(p.info["cmdline"] or [])]
+            assert len(actors) == 1
+            os.kill(actors[0].pid, signal.SIGKILL)
+            actors[0].wait(timeout=30)
+            killed.append(actors[0].pid)
+        killed.append(task.name)
+
+    run_fits(tasks, X, y, FitOptions(steps=3, batch_size=10, learning_rate=0.05), backend="ray", cpus_per_fit=2,
+             on_done=kill_the_actor)
+    assert killed[1:] == ["svgp seed 0", "svgp seed 1"]
+    assert all((task.saved / "model.json").is_file() for task in tasks)

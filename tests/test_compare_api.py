@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
 import pytest
 
 import gpzoo
-from gpzoo.analysis import datasets
 from gpzoo.models.errors import InvalidArgumentError
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")
@@ -62,28 +59,4 @@ def test_existing_report_needs_overwrite_or_resume(tmp_path):
     assert error.value.argument == "out"
 
 
-def test_ray_api_equals_sequential_api_bit_for_bit(tmp_path):
-    """One model × two seeds: the same fits (every parameter, the ELBO trace) and ELBO table on Ray as here."""
-    pytest.importorskip("ray", reason='Ray is an optional extra: pip install "gpzoo[ray]"')
-    data = datasets.load("two-moons", seed=3)
-    kwargs = {"seeds": [0, 1], "data_seed": 3, "report": False, **TINY}
-    seq = gpzoo.compare(data, ["svgp-rbf"], out=tmp_path / "seq", **kwargs)
-    ray_ = gpzoo.compare(data, "svgp-rbf", backend="ray", cpus_per_fit=1, **kwargs)
-    assert sorted(seq.results) == sorted(ray_.results) == [("svgp-rbf", 0), ("svgp-rbf", 1)]
-    for key, res in seq.results.items():
-        other = ray_.results[key]
-        assert res.seed == other.seed == key[1]
-        assert sorted(res.params) == sorted(other.params)
-        for name, value in res.params.items():
-            np.testing.assert_array_equal(value, other.params[name], err_msg=f"{key}: {name}")
-        np.testing.assert_array_equal(res.objective_history, other.objective_history)
-    assert not np.array_equal(seq.results["svgp-rbf", 0].params["q_mu"], seq.results["svgp-rbf", 1].params["q_mu"])
-    pd.testing.assert_frame_equal(seq.table.sort_index(), ray_.table.sort_index())
-    assert sorted(seq.table.index) == ["svgp-rbf seed 0", "svgp-rbf seed 1"]
-    assert seq.report_path is None and (tmp_path / "seq" / "models" / "svgp-rbf_seed_1" / "model.json").is_file()
-    assert seq["svgp-rbf", 1] is seq.results["svgp-rbf", 1]
-    # resuming the finished run refits nothing: it reads the same fits back
-    again = gpzoo.compare(data, ["svgp-rbf"], out=tmp_path / "seq", resume=True, **kwargs)
-    for key, res in seq.results.items():
-        np.testing.assert_array_equal(res.params["q_mu"], again.results[key].params["q_mu"])
-
+# gpzoo.compare(..., backend="ray") against the sequential backend: tests/test_backends.py (one shared Ray instance)
