@@ -52,10 +52,15 @@ TITLES = {
     "data_parallel_step_h100": "Conv model step on a GPU (`benchmarks/data_parallel_step.py`)",
     "data_parallel_step_8cores": "Conv model step on 1 against 2 devices, 8 CPU cores (`benchmarks/data_parallel_step.py`)",
     "reproduce_dkm_wide": "Milsom et al. 2024, Table 3 ablations at 4× the width (`benchmarks/reproduce_dkm.py --width 64`)",
+    "reproduce_dkm_wide_long": "Milsom et al. 2024, Table 3 ablations at 4× the width, 1,200 steps (`benchmarks/reproduce_dkm.py --width 64 --steps 1200`)",
+    "deep_conv_step_2cores": "2-layer deep TICK GP step, quiet 2-core run (`benchmarks/deep_conv_step.py`)",
+    "conv_kernels_mnist10_2cores": "Convolutional kernel hot paths, MNIST-10, quiet 2-core run (`benchmarks/conv_kernels.py --config mnist10`)",
 }
 #: result files that differ from another only in where or at what size they ran
 ALIASES = {"deep_conv_step_h100": "deep_conv_step", "data_parallel_step_h100": "data_parallel_step",
-           "data_parallel_step_8cores": "data_parallel_step", "reproduce_dkm_wide": "reproduce_dkm"}
+           "data_parallel_step_8cores": "data_parallel_step", "reproduce_dkm_wide": "reproduce_dkm",
+           "reproduce_dkm_wide_long": "reproduce_dkm", "deep_conv_step_2cores": "deep_conv_step",
+           "conv_kernels_mnist10_2cores": "conv_kernels"}
 FORMATTERS: dict[str, Callable[[dict], list[str]]] = {}
 
 
