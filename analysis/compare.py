@@ -18,7 +18,6 @@ them without refitting.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 import warnings
 from collections.abc import Mapping
@@ -30,13 +29,16 @@ from matplotlib.figure import Figure
 
 from gpzoo.analysis.datatree import LOO_VAR_NAME
 from gpzoo.analysis.display import new_figure
-from gpzoo.inference.fit import evaluate_elbo
+from gpzoo.inference.data import validate_data
+from gpzoo.inference.fit import elbo_calls, evaluate_elbo
 from gpzoo.inference.results import FitResult
 from gpzoo.models.errors import InvalidArgumentError
 
 __all__ = [
+    "check_common_training_data",
     "compare_elbo",
     "compare_loo",
+    "elbo_entry",
     "elbo_estimates",
     "elbo_table",
     "elbo_traces_figure",
@@ -76,45 +78,42 @@ def elbo_estimates(results: Mapping[str, FitResult], X=None, y=None, *, num_samp
     if (X is None) != (y is None):
         raise InvalidArgumentError("X" if X is None else "y", "pass both X and y, or neither (training data)")
     if X is None:
-        first = next(iter(results.values()))
-        for name, res in results.items():
-            same = res.X_train.shape == first.X_train.shape and np.array_equal(res.X_train, first.X_train) \
-                and np.array_equal(res.y_train, first.y_train)
-            if not same:
-                raise InvalidArgumentError(
-                    "results", f"model {name!r} was fitted on different data than the others; pass X and y to compare on common data"
-                )
+        check_common_training_data(results)
     out = {}
     for name, res in results.items():
         est = evaluate_elbo(res, X, y, num_samples=num_samples, seed=seed)
-        n = res.num_data if X is None else int(np.shape(X)[0])
-        out[name] = {"elbo": est.elbo, "elbo_se": est.stderr, "expected_log_lik": est.expected_log_lik,
-                     "kl": est.kl, "num_data": n, "num_samples": est.num_samples}
+        out[name] = elbo_entry(est, res.num_data if X is None else int(np.shape(X)[0]))
     return out
+
+
+def check_common_training_data(results: Mapping[str, FitResult]) -> dict:
+    """``results`` checked to be a non-empty dict of FitResults fitted on the same training data (their
+    training-data ELBOs bound the same evidence); an InvalidArgumentError naming ``results`` otherwise."""
+    results = _check_mapping(results, "results", FitResult)
+    first = next(iter(results.values()))
+    for name, res in results.items():
+        same = res.X_train.shape == first.X_train.shape and np.array_equal(res.X_train, first.X_train) \
+            and np.array_equal(res.y_train, first.y_train)
+        if not same:
+            raise InvalidArgumentError(
+                "results", f"model {name!r} was fitted on different data than the others; pass X and y to compare on common data"
+            )
+    return results
+
+
+def elbo_entry(est, num_data: int) -> dict:
+    """One :func:`elbo_estimates` entry from an ``ElboEstimate`` on ``num_data`` points."""
+    return {"elbo": est.elbo, "elbo_se": est.stderr, "expected_log_lik": est.expected_log_lik,
+            "kl": est.kl, "num_data": int(num_data), "num_samples": est.num_samples}
 
 
 def submit_elbo_programs(aot, tag, res: FitResult, *, num_samples: int = 32, seed: int = 0) -> None:
     """Queue on ``aot`` (a :class:`gpzoo.inference.compilation.AheadOfTime`) the compilation of the
     program that :func:`elbo_estimates` runs for ``res`` on its training data (``evaluate_elbo``'s
-    first chunk, batch size 512)."""
-    import jax  # noqa: PLC0415
-    import jax.numpy as jnp  # noqa: PLC0415
-
-    fit_module = importlib.import_module("gpzoo.inference.fit")  # evaluate_elbo's private program (the package exports fit())
-
-    family = res.family
-    X, y = fit_module.validate_data(res.spec, res.X_train, res.y_train)
-    stochastic = family.stochastic_expectation or family.hyper_guide is not None
-    S = int(num_samples) if stochastic else 1
-    hyper = jax.eval_shape(lambda k: fit_module._hyper_draws(res, k, S), jax.random.PRNGKey(seed + 1))
-    params = {**res.params, **{k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for k, v in hyper.items()}}
-    slices = list(fit_module.row_slices(X.shape[0], 512))
-    sl = slices[0]
-    with_indices = getattr(family, "needs_data_indices", False)
-    key = jax.random.fold_in(jax.random.split(jax.random.PRNGKey(seed), S)[0], 0)
-    aot.submit(tag, fit_module._ell_and_kl.for_calls(S * len(slices)), family, params, jnp.asarray(X[sl]),
-               jnp.asarray(y[sl], fit_module.float_dtype()), key, np.arange(sl.start, sl.stop),
-               res.num_data if with_indices else None)
+    first call, batch size 512)."""
+    X, y = validate_data(res.spec, res.X_train, res.y_train)
+    calls = elbo_calls(res, X, y, training=True, num_samples=num_samples, seed=seed, abstract=True)
+    aot.submit(tag, calls.program, *calls.args(0, 0))
 
 
 def elbo_table(estimates: Mapping[str, Mapping]) -> pd.DataFrame:

@@ -71,7 +71,6 @@ were posterior draws, ``az.loo_approximate_posterior`` corrects for q (Magnusson
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import re
 
@@ -81,14 +80,16 @@ import xarray as xr
 from arviz_base import from_dict
 
 from gpzoo.inference.compilation import AheadOfTime
-from gpzoo.inference.fit import predict
-from gpzoo.inference.posterior import pointwise_given_u, sample_inducing, submit_programs
-from gpzoo.inference.results import FIXED, SAMPLED, TYPE_II, FitResult
+from gpzoo.inference.data import check_new_inputs
+from gpzoo.inference.fit import predict, predict_calls
+from gpzoo.inference.posterior import (pointwise_given_u, sample_inducing, submit_programs, summaries_given_u,
+                                      summaries_supported)
+from gpzoo.inference.results import FIXED, SAMPLED, TYPE_II, ElboEstimate, FitResult, Prediction
 from gpzoo.models.errors import GPZooError, InvalidArgumentError, ShapeError
 from gpzoo.models.parameters import Parameterised
 
-__all__ = ["LOO_VAR_NAME", "MAX_STORED_FEATURES", "MIN_DRAWS", "heldout_view", "submit_datatree_programs", "to_datatree",
-           "variable_name"]
+__all__ = ["LOO_VAR_NAME", "MAX_STORED_FEATURES", "MIN_DRAWS", "datatree_and_elbo", "heldout_view", "submit_datatree_programs",
+           "to_datatree", "variable_name"]
 
 #: Inputs with at most this many columns are stored in ``constant_data``; wider ones (images) are not.
 MAX_STORED_FEATURES = 64
@@ -120,6 +121,21 @@ def to_datatree(res: FitResult, X_test, y_test, *, num_draws: int = 200, seed: i
     out the training groups (and ``log_p``, which sums over them) for large training sets; then
     ``az.loo`` has nothing to work on, the test-set groups are always there.
     """
+    return datatree_and_elbo(res, X_test, y_test, num_draws=num_draws, seed=seed, include_train=include_train,
+                             train_index=train_index, test_index=test_index)[0]
+
+
+def datatree_and_elbo(res: FitResult, X_test, y_test, *, num_draws: int = 200, seed: int = 0, include_train: bool = True,
+                      train_index=None, test_index=None) -> tuple[xr.DataTree, ElboEstimate | None]:
+    """:func:`to_datatree` and, where it comes from the same pass over the data, the full-data ELBO.
+
+    For a model with fixed or point-estimated hyperparameters and an analytic data term
+    (:func:`gpzoo.inference.posterior.summaries_supported`) one program per chunk of rows gives the
+    pointwise log-likelihoods, the test-set predictive moments and the ELBO's data term and KL
+    (the kernel matrices of a chunk are computed once for all three); the ELBO is then exact
+    (one draw, standard error 0) and returned with the tree. Otherwise (or without the training
+    points) the pieces come from ``pointwise_given_u``, ``predict`` and no ELBO (None).
+    """
     if not isinstance(res, FitResult):
         raise InvalidArgumentError("res", f"expected a FitResult from gpzoo.inference.fit, got {type(res).__name__}")
     if isinstance(num_draws, bool) or not isinstance(num_draws, (int, np.integer)) or num_draws < MIN_DRAWS:
@@ -135,9 +151,22 @@ def to_datatree(res: FitResult, X_test, y_test, *, num_draws: int = 200, seed: i
     key_u, key_test, key_train = jax.random.split(jax.random.PRNGKey(seed), 3)
 
     draws = sample_inducing(res, int(num_draws), key_u)
-    test = pointwise_given_u(res, X_test, y_test, draws, key_test)
-    train = pointwise_given_u(res, res.X_train, res.y_train, draws, key_train) if include_train else None
-    pred = predict(res, X_test, seed=seed)
+    elbo = None
+    if summaries_supported(res):
+        key_moments = jax.random.split(jax.random.PRNGKey(seed), 3)[2]  # predict(res, X_test, seed=seed)'s key
+        found = summaries_given_u(res, X_test, y_test, draws, key_test, key_moments)
+        test = found.pointwise
+        pred = Prediction(found.f_mean, found.f_var, found.y_mean, found.y_var, found.probs)
+        train = None
+        if include_train:
+            on_train = summaries_given_u(res, res.X_train, res.y_train, draws, key_train, key_moments)
+            train = on_train.pointwise
+            value = on_train.expected_log_lik - on_train.kl
+            elbo = ElboEstimate(value, 0.0, on_train.expected_log_lik, on_train.kl, 1, np.array([value]))
+    else:
+        test = pointwise_given_u(res, X_test, y_test, draws, key_test)
+        train = pointwise_given_u(res, res.X_train, res.y_train, draws, key_train) if include_train else None
+        pred = predict(res, X_test, seed=seed)
 
     S = draws.num_draws
     L, GM = draws.u.shape[1:]
@@ -231,31 +260,23 @@ def to_datatree(res: FitResult, X_test, y_test, *, num_draws: int = 200, seed: i
     for var, site in opt_sites.items():
         _record_site(sites, var, site)
     dt.attrs["site_names"] = json.dumps(sites)
-    return dt
+    return dt, elbo
 
 
 def submit_datatree_programs(aot: AheadOfTime, tag, res: FitResult, X_test, y_test, *, num_draws: int = 200,
                              seed: int = 0, include_train: bool = True) -> None:
     """Queue on ``aot`` the compilation of the programs ``to_datatree(res, X_test, y_test, ...)`` runs
-    with the same arguments: the draws of q, the pointwise log-likelihoods of the test (and training)
-    points and :func:`gpzoo.inference.predict` on the test set (its first chunk's program)."""
-    fit_module = importlib.import_module("gpzoo.inference.fit")  # predict's private programs (the package exports fit())
-
+    with the same arguments: the draws of q and either the one program per chunk of
+    :func:`datatree_and_elbo` or the pointwise log-likelihoods of the test (and training) points and
+    :func:`gpzoo.inference.predict` on the test set (its first chunk's program)."""
     key_u = jax.random.split(jax.random.PRNGKey(seed), 3)[0]
     inputs = [(X_test, y_test)] + ([(res.X_train, res.y_train)] if include_train else [])
-    submit_programs(aot, tag, res, int(num_draws), key_u, inputs)
-    # what predict(res, X_test, seed=seed) calls (batch_size 512, num_hyper_samples 16)
-    X_new = fit_module.check_new_inputs(res, X_test)
-    key_h, _, key_p = jax.random.split(jax.random.PRNGKey(seed), 3)
-    hyper = jax.eval_shape(lambda k: fit_module._hyper_draws(res, k, 16), key_h)
-    rows = next(fit_module.row_slices(X_new.shape[0], 512))
-    calls = -(-X_new.shape[0] // 512)
-    Xc = jax.numpy.asarray(X_new[rows], fit_module.float_dtype())
-    if hyper:
-        aot.submit(tag, fit_module._mixture_moments.for_calls(calls), res.family, res.params, hyper, Xc,
-                   jax.random.fold_in(key_p, 0))
-    else:
-        aot.submit(tag, fit_module._moments.for_calls(calls), res.family, res.params, Xc, jax.random.fold_in(key_p, 0))
+    summaries = summaries_supported(res)
+    submit_programs(aot, tag, res, int(num_draws), key_u, inputs, summaries=summaries)
+    if not summaries:  # what predict(res, X_test, seed=seed) calls (batch_size 512, num_hyper_samples 16)
+        X_new = check_new_inputs(res, X_test)
+        calls = predict_calls(res, X_new.shape[0], X_new.__getitem__, seed=seed, abstract=True)
+        aot.submit(tag, calls.program, *calls.args(0))
 
 
 def heldout_view(dt: xr.DataTree) -> xr.DataTree:

@@ -157,9 +157,11 @@ def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset
     as many as the load average leaves cores idle, at most 2); the report is the same either way.
     Returns the path of ``report.html``.
     """
-    from gpzoo.analysis.compare import elbo_estimates, submit_elbo_programs  # noqa: PLC0415 - JAX-heavy
-    from gpzoo.analysis.datatree import submit_datatree_programs, to_datatree  # noqa: PLC0415
+    from gpzoo.analysis.compare import (  # noqa: PLC0415 - JAX-heavy
+        check_common_training_data, elbo_entry, elbo_estimates, submit_elbo_programs)
+    from gpzoo.analysis.datatree import datatree_and_elbo, submit_datatree_programs  # noqa: PLC0415
     from gpzoo.inference.compilation import AheadOfTime, idle_compile_workers  # noqa: PLC0415
+    from gpzoo.inference.posterior import summaries_supported  # noqa: PLC0415
 
     if not isinstance(results, Mapping) or not results:
         raise InvalidArgumentError("results", "expected a non-empty dict {name: FitResult}")
@@ -168,27 +170,34 @@ def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset
     if compile_workers is not None and (isinstance(compile_workers, bool) or not isinstance(compile_workers, (int, np.integer))
                                         or compile_workers < 0):
         raise InvalidArgumentError("compile_workers", f"must be None or a non-negative integer, got {compile_workers!r}")
+    check_common_training_data(results)
     out = _prepare_dir(out_dir)
     files = unique_file_stems(list(results))
     static_figures, trees = {}, {}
+    # models whose ELBO comes out of the DataTree's own pass over the training data (exact, one
+    # program per chunk); the others' ELBO is estimated separately (Monte Carlo, sampled hyperparameters)
+    separate = {name: res for name, res in results.items() if not summaries_supported(res)}
     workers = idle_compile_workers() if compile_workers is None else int(compile_workers)
     with AheadOfTime(workers) as aot, \
             tqdm(total=len(results) + 1, desc="report", unit="model", disable=not progress, leave=False) as bar:
         if workers:  # lowered here in turn, compiled by the workers while the report goes on
             bar.set_postfix_str("compiling")
-            for name, res in results.items():
+            for name, res in separate.items():
                 _submit(submit_elbo_programs, aot, "elbo", res, num_samples=num_elbo_samples, seed=seed)
             for name, res in results.items():
                 _submit(submit_datatree_programs, aot, name, res, X_test, y_test, num_draws=num_draws, seed=seed)
         bar.set_postfix_str("ELBO estimates")
         aot.wait("elbo")
-        estimates = elbo_estimates(results, num_samples=num_elbo_samples, seed=seed)
+        estimates = elbo_estimates(separate, num_samples=num_elbo_samples, seed=seed) if separate else {}
         bar.update()
         for name, res in results.items():
             bar.set_postfix_str(name)
             stem = files[name]
             aot.wait(name)
-            trees[name] = dt = to_datatree(res, X_test, y_test, num_draws=num_draws, seed=seed)
+            dt, elbo = datatree_and_elbo(res, X_test, y_test, num_draws=num_draws, seed=seed)
+            trees[name] = dt
+            if name not in estimates:
+                estimates[name] = elbo_entry(elbo, res.num_data)
             write_datatree(dt, out / "models" / f"{stem}.nc")
             _write_json(out / "models" / f"{stem}.json", {
                 "model": name,

@@ -23,7 +23,11 @@ ones compile, so compilation overlaps the Python work (DataTrees, netCDF, figure
 Compiling on more threads pays only where cores are idle: measured on a 2-core machine at load
 average 11 (the report phase of the default comparison), compiling its 12 programs on 2 threads
 took 15.7 s of CPU against 13.6–14.5 s one after another, and the report took no less wall time.
-:func:`idle_compile_workers` therefore asks the load average how many cores are free.
+:func:`idle_compile_workers` therefore asks how many cores are free *now*: it samples the
+system's idle time over a tenth of a second (Linux ``/proc/stat``) while this process waits. The
+1-minute load average is no guide right after fitting: it still counts this process's own fits,
+which have just finished (after a minute of fitting on 2 idle cores it reads about 1.7, so a rule
+on it found no idle core and compiled one program after another).
 """
 
 from __future__ import annotations
@@ -33,10 +37,11 @@ import functools
 import logging
 import math
 import os
+import time
 
 import jax
 
-__all__ = ["QUICK_COMPILE_OPTIONS", "QUICK_MAX_CALLS", "AdaptiveJit", "AheadOfTime", "adaptive_jit", "idle_compile_workers"]
+__all__ = ["QUICK_COMPILE_OPTIONS", "QUICK_MAX_CALLS", "AdaptiveJit", "AheadOfTime", "adaptive_jit", "idle_compile_workers", "idle_cores"]
 
 _log = logging.getLogger(__name__)
 
@@ -72,14 +77,52 @@ def adaptive_jit(fun=None, **jit_kwargs):
     return AdaptiveJit(fun, **jit_kwargs)
 
 
+def idle_cores(interval: float = 0.1) -> float | None:
+    """Cores left idle by every process over the next ``interval`` seconds (this thread sleeps
+    meanwhile, so it counts none of this process's finished work), from the kernel's CPU time
+    counters (``/proc/stat``); None where they cannot be read (not Linux)."""
+    first = _cpu_times()
+    if first is None:
+        return None
+    time.sleep(interval)
+    second = _cpu_times()
+    if second is None:
+        return None
+    busy, total = second[0] - first[0], second[1] - first[1]
+    if total <= 0:
+        return None
+    return (total - busy) / total * first[2]
+
+
+def _cpu_times() -> tuple[int, int, int] | None:
+    """(busy ticks, all ticks, number of CPUs) summed over the machine's CPUs, from ``/proc/stat``."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    fields = lines[0].split() if lines else []
+    if len(fields) < 5 or fields[0] != "cpu":
+        return None
+    ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    cpus = sum(1 for line in lines[1:] if line.startswith("cpu") and line[3:4].isdigit())
+    return sum(ticks) - idle, sum(ticks), max(cpus, 1)
+
+
 def idle_compile_workers(most: int = 2) -> int:
-    """Threads worth compiling on now: the cores the 1-minute load average leaves idle (this
-    process's own running thread included in it), at most ``most``; 0 where the load is unknown."""
+    """Threads worth compiling on now, at most ``most``: the cores :func:`idle_cores` finds idle
+    (capped at the cores this process may run on), less the one the calling thread will use. Where
+    the CPU counters cannot be read, the cores the 1-minute load average leaves idle (this
+    process's running thread included in it); 0 where neither is known."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    idle = idle_cores()
+    if idle is not None:
+        return max(0, min(int(most), math.floor(min(idle, cores) - 1 + 0.25)))
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # not available on this platform
         return 0
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(0, min(int(most), math.floor(cores - load)))
 
 

@@ -22,7 +22,6 @@ argument, before any tracing) and runs on the shared chunk runner
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -49,8 +48,8 @@ from gpzoo.inference.svi import fit_svi
 from gpzoo.models.errors import InvalidArgumentError, check_integer, check_seed
 from gpzoo.models.zoo import ModelSpec
 
-__all__ = ["METHODS", "ElboEstimate", "FitResult", "Method", "Prediction", "build_family", "evaluate_elbo", "fit", "predict",
-           "register_method"]
+__all__ = ["METHODS", "ElboCalls", "ElboEstimate", "FitResult", "Method", "Prediction", "PredictCalls", "build_family",
+           "elbo_calls", "evaluate_elbo", "fit", "predict", "predict_calls", "register_method"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,22 +192,53 @@ def predict(res: FitResult, X_new, *, num_samples: int = 0, seed: int = 0, batch
     check_seed(seed)
     check_integer(batch_size, "batch_size", minimum=1)
     check_integer(num_hyper_samples, "num_hyper_samples", minimum=1)
-    family = res.family
-    key_h, key_s, key_p = jax.random.split(jax.random.PRNGKey(seed), 3)
-    hyper = _hyper_draws(res, key_h, num_hyper_samples)
-
-    slices = list(row_slices(num_rows, batch_size))
-    program = (_mixture_moments if hyper else _moments).for_calls(len(slices))
-    moments = functools.partial(program, family, res.params, hyper) if hyper else functools.partial(program, family, res.params)
-    pieces = [moments(jnp.asarray(rows_of(sl), float_dtype()), jax.random.fold_in(key_p, i)) for i, sl in enumerate(slices)]
+    calls = predict_calls(res, num_rows, rows_of, seed=seed, batch_size=batch_size, num_hyper_samples=num_hyper_samples)
+    pieces = [calls.program(*calls.args(i)) for i in range(len(calls.slices))]
     f_mean, f_var, y_mean, y_var, probs = (
         None if pieces[0][j] is None else np.concatenate([np.asarray(p[j]) for p in pieces]) for j in range(5)
     )
     f_samples = None
     if num_samples > 0:
+        key_s = jax.random.split(jax.random.PRNGKey(seed), 3)[1]
         eps = np.asarray(jax.random.normal(key_s, (num_samples,) + f_mean.shape))
         f_samples = f_mean[None] + np.sqrt(np.maximum(f_var, 0.0))[None] * eps
     return Prediction(f_mean, f_var, y_mean, y_var, probs, f_samples)
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictCalls:
+    """The calls :func:`predict` makes of its compiled program: ``program(*args(i))`` for chunk ``i``
+    of ``slices``. Built by :func:`predict_calls`, for ``predict`` itself and for compiling the
+    program ahead of its first call (``gpzoo.inference.compilation.AheadOfTime``)."""
+
+    program: Callable
+    res: FitResult
+    hyper: dict  # site -> [H, ...] draws of sampled hyperparameters (shapes only when abstract); {} if none
+    key: jax.Array
+    slices: list
+    rows_of: Callable  # slice -> rows of the inputs
+
+    def args(self, i: int) -> tuple:
+        Xc = jnp.asarray(self.rows_of(self.slices[i]), float_dtype())
+        key = jax.random.fold_in(self.key, i)
+        if self.hyper:
+            return self.res.family, self.res.params, self.hyper, Xc, key
+        return self.res.family, self.res.params, Xc, key
+
+
+def predict_calls(res: FitResult, num_rows: int, rows_of: Callable, *, seed: int = 0, batch_size: int = 512,
+                  num_hyper_samples: int = 16, abstract: bool = False) -> PredictCalls:
+    """The program and per-chunk arguments of ``predict(res, X, seed=seed, batch_size=batch_size,
+    num_hyper_samples=num_hyper_samples)`` for validated inputs of ``num_rows`` rows read by ``rows_of``.
+    ``abstract``: the hyperparameter draws are shapes only (nothing is sampled; for compiling ahead)."""
+    key_h, _, key_p = jax.random.split(jax.random.PRNGKey(seed), 3)
+    if abstract:
+        hyper = jax.eval_shape(lambda k: _hyper_draws(res, k, num_hyper_samples), key_h)
+    else:
+        hyper = _hyper_draws(res, key_h, num_hyper_samples)
+    slices = list(row_slices(num_rows, batch_size))
+    program = (_mixture_moments if hyper else _moments).for_calls(len(slices))
+    return PredictCalls(program, res, hyper, key_p, slices, rows_of)
 
 
 # Compiled once per family (a static argument, hashed by identity) and reused by every later call;
@@ -267,36 +297,70 @@ def evaluate_elbo(res: FitResult, X=None, y=None, *, num_samples: int = 32, seed
     X = res.X_train if X is None else X
     y = res.y_train if y is None else y
     X, y = validate_data(res.spec, X, y)
+    calls = elbo_calls(res, X, y, training=training, num_samples=num_samples, seed=seed, batch_size=batch_size)
+    S = calls.num_draws
+    draws, ell_total, kl_total = [], 0.0, 0.0
+    for s in range(S):
+        extra = _hyper_log_ratio(res, calls.hyper_draw(s), X[:1], y[:1]) if calls.hyper else 0.0
+        ell, kl = 0.0, 0.0
+        for i in range(len(calls.slices)):
+            e, kl = calls.program(*calls.args(s, i))
+            ell += float(e)
+        draws.append(ell - float(kl) - extra)
+        ell_total += ell / S
+        kl_total += float(kl) / S
+    draws = np.asarray(draws)
+    stderr = float(draws.std(ddof=1) / math.sqrt(S)) if S > 1 else (math.nan if calls.stochastic else 0.0)
+    return ElboEstimate(float(draws.mean()), stderr, ell_total, kl_total, S, draws)
+
+
+@dataclasses.dataclass(frozen=True)
+class ElboCalls:
+    """The calls :func:`evaluate_elbo` makes of its compiled program: ``program(*args(s, i))`` for
+    draw ``s`` < ``num_draws`` and row slice ``i`` of ``slices``. Built by :func:`elbo_calls`, for
+    ``evaluate_elbo`` itself and for compiling the program ahead of its first call."""
+
+    program: Callable
+    res: FitResult
+    X: np.ndarray
+    y: np.ndarray
+    num_draws: int
+    stochastic: bool
+    hyper: dict  # site -> [S, ...] draws of sampled hyperparameters (shapes only when abstract); {} if none
+    keys: jax.Array  # [S] one key per draw
+    slices: list
+    with_indices: bool
+
+    def hyper_draw(self, s: int) -> dict:
+        """Draw ``s`` of the sampled hyperparameters."""
+        return {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) if isinstance(v, jax.ShapeDtypeStruct) else v[s]
+                for k, v in self.hyper.items()}
+
+    def args(self, s: int, i: int) -> tuple:
+        sl = self.slices[i]
+        params = {**self.res.params, **self.hyper_draw(s)}
+        return (self.res.family, params, jnp.asarray(self.X[sl]), jnp.asarray(self.y[sl], float_dtype()),
+                jax.random.fold_in(self.keys[s], i), np.arange(sl.start, sl.stop),
+                self.res.num_data if self.with_indices else None)
+
+
+def elbo_calls(res: FitResult, X, y, *, training: bool, num_samples: int = 32, seed: int = 0, batch_size: int = 512,
+               abstract: bool = False) -> ElboCalls:
+    """The program and per-call arguments of :func:`evaluate_elbo` on validated data (X, y);
+    ``training``: they are the training data (per-datum parameters are read at their rows).
+    ``abstract``: the hyperparameter draws are shapes only (nothing is sampled; for compiling ahead)."""
     family = res.family
     # per-datum parameters exist for training rows only; elsewhere such a family uses its default
     with_indices = training and getattr(family, "needs_data_indices", False)
     stochastic = family.stochastic_expectation or family.hyper_guide is not None
     S = num_samples if stochastic else 1
     keys = jax.random.split(jax.random.PRNGKey(seed), S)
-
-    hyper = _hyper_draws(res, jax.random.PRNGKey(seed + 1), S)
+    if abstract:
+        hyper = jax.eval_shape(lambda k: _hyper_draws(res, k, S), jax.random.PRNGKey(seed + 1))
+    else:
+        hyper = _hyper_draws(res, jax.random.PRNGKey(seed + 1), S)
     slices = list(row_slices(X.shape[0], batch_size))
-    program = _ell_and_kl.for_calls(S * len(slices))
-    draws, ell_total, kl_total = [], 0.0, 0.0
-    for s in range(S):
-        params = dict(res.params)
-        extra = 0.0
-        if hyper:
-            h = {k: v[s] for k, v in hyper.items()}
-            params.update(h)
-            extra = _hyper_log_ratio(res, h, X[:1], y[:1])
-        ell, kl = 0.0, 0.0
-        for i, sl in enumerate(slices):
-            e, kl = program(family, params, jnp.asarray(X[sl]), jnp.asarray(y[sl], float_dtype()),
-                                jax.random.fold_in(keys[s], i), np.arange(sl.start, sl.stop),
-                                res.num_data if with_indices else None)
-            ell += float(e)
-        draws.append(ell - float(kl) - extra)
-        ell_total += ell / S
-        kl_total += float(kl) / S
-    draws = np.asarray(draws)
-    stderr = float(draws.std(ddof=1) / math.sqrt(S)) if S > 1 else (math.nan if stochastic else 0.0)
-    return ElboEstimate(float(draws.mean()), stderr, ell_total, kl_total, S, draws)
+    return ElboCalls(_ell_and_kl.for_calls(S * len(slices)), res, X, y, S, stochastic, hyper, keys, slices, with_indices)
 
 
 def _hyper_log_ratio(res: FitResult, values: dict, X, y) -> float:

@@ -32,7 +32,8 @@ from gpzoo.inference.results import FitResult
 from gpzoo.inference.guides import blockdiag_matvec, blockdiag_solve
 from gpzoo.models.errors import InvalidArgumentError, ShapeError
 
-__all__ = ["InducingDraws", "PointwiseDraws", "conditional_given_u", "pointwise_given_u", "sample_inducing", "submit_programs"]
+__all__ = ["ChunkSummaries", "InducingDraws", "PointwiseDraws", "conditional_given_u", "pointwise_given_u", "sample_inducing",
+           "submit_programs", "summaries_given_u", "summaries_supported"]
 
 #: Rows of X handled at once when forming Kuf ``[G, M, rows]`` (bounds memory for conv kernels).
 CHUNK_ROWS = 256
@@ -152,9 +153,10 @@ def sample_inducing(res: FitResult, num_draws: int, key) -> InducingDraws:
     )
 
 
-def submit_programs(aot: AheadOfTime, tag, res: FitResult, num_draws: int, key, inputs) -> None:
+def submit_programs(aot: AheadOfTime, tag, res: FitResult, num_draws: int, key, inputs, *, summaries: bool = False) -> None:
     """Queue on ``aot`` (under ``tag``) the compilation of the programs that :func:`sample_inducing`
-    ``(res, num_draws, key)`` and :func:`pointwise_given_u` on each ``(X, y)`` of ``inputs`` will run.
+    ``(res, num_draws, key)`` and :func:`pointwise_given_u` (``summaries``: :func:`summaries_given_u`)
+    on each ``(X, y)`` of ``inputs`` will run.
 
     Only shapes are traced (no draw is made here); a program shared by several inputs (same chunk
     shape and build) is queued once.
@@ -170,12 +172,16 @@ def submit_programs(aot: AheadOfTime, tag, res: FitResult, num_draws: int, key, 
     for X, y in inputs:
         X = check_new_inputs(res, X, "X")
         yc = np.asarray(res.spec.likelihood.validate_targets(y), float_dtype())
-        program = _pointwise_chunk.for_calls(_num_chunks(X))
+        program = (_summary_chunk if summaries else _pointwise_chunk).for_calls(_num_chunks(X))
         n, Xc, (yc,) = next(_chunks(X, yc))
         signature = (id(program), Xc.shape, str(Xc.dtype), yc.shape, str(yc.dtype))
         if signature not in seen:
             seen.add(signature)
-            aot.submit(tag, program, res.family, res.params, hyper, u, jnp.asarray(Xc), jnp.asarray(yc), jax.random.fold_in(key, 0))
+            chunk_key = jax.random.fold_in(key, 0)
+            if summaries:
+                aot.submit(tag, program, res.family, res.params, u, jnp.asarray(Xc), jnp.asarray(yc), chunk_key, chunk_key)
+            else:
+                aot.submit(tag, program, res.family, res.params, hyper, u, jnp.asarray(Xc), jnp.asarray(yc), chunk_key)
 
 # ----------------------------------------------------------------------------- p(f | u)
 def _conditional(family, params, X, u):
@@ -259,9 +265,8 @@ def _replicate(likelihood, mean, var, key):
     y_mean, y_var = likelihood.predict_mean_and_var(mean, var)  # [n, 1]
     return y_mean[:, 0] + jnp.sqrt(y_var[:, 0]) * jax.random.normal(key_y, y_mean.shape[:1], y_mean.dtype)
 
-@adaptive_jit(static_argnums=0)
-def _pointwise_chunk(family, params, hyper, u, Xc, yc, key):
-    """log p(y_n | u_s) ``[S, n]`` and replicates ``[S, n]`` for one chunk of inputs."""
+def _pointwise_values(family, params, hyper, u, Xc, yc, key):
+    """log p(y_n | u_s) ``[S, n]`` and replicates ``[S, n]`` for one chunk of inputs (traced by the programs below)."""
     mean, var, likelihood, per_draw = _conditional_all(family, params, hyper, u, Xc)  # [S, n, L] each
     S = mean.shape[0]
     keys = jax.random.split(key, 2 * S).reshape(2, S, -1)
@@ -271,6 +276,27 @@ def _pointwise_chunk(family, params, hyper, u, Xc, yc, key):
     )  # [S, n]
     y_rep = jax.vmap(_replicate, in_axes=(lik_axis, 0, 0, 0))(likelihood, mean, var, keys[1])  # [S, n]
     return log_lik, y_rep
+
+
+@adaptive_jit(static_argnums=0)
+def _pointwise_chunk(family, params, hyper, u, Xc, yc, key):
+    """log p(y_n | u_s) ``[S, n]`` and replicates ``[S, n]`` for one chunk of inputs."""
+    return _pointwise_values(family, params, hyper, u, Xc, yc, key)
+
+
+@adaptive_jit(static_argnums=0)
+def _summary_chunk(family, params, u, Xc, yc, key, moments_key):
+    """One chunk's every report quantity in one program (fixed hyperparameters, analytic data term):
+    :func:`_pointwise_values`, the q(f*) predictive moments of ``predict`` and, per row,
+    E_q[log p(y_n | f_n)], with KL[q(u) || p(u)]. The kernel matrices of the chunk (Kuf, diag Kff)
+    and the factor of Kuu are traced three times and computed once (XLA merges the copies)."""
+    log_lik, y_rep = _pointwise_values(family, params, {}, u, Xc, yc, key)
+    with substitute(data=params), seed(rng_seed=moments_key):
+        parts = family.parts()
+        moments = family.predictive_moments(parts, Xc, moments_key)
+        ell = family.expected_log_lik(parts, Xc, yc, None, **family.data_term_inputs(Xc, yc))  # [n]
+        kl = family.kl(parts)
+    return log_lik, y_rep, moments, ell, kl
 
 def pointwise_given_u(res: FitResult, X, y, draws: InducingDraws, key) -> PointwiseDraws:
     """log p(y_n | u_s) ``[S, N]`` via ``likelihood.predict_log_density(y_n, μ_n(u_s), σ²_n)`` and
@@ -290,3 +316,59 @@ def pointwise_given_u(res: FitResult, X, y, draws: InducingDraws, key) -> Pointw
         logs.append(np.asarray(log_lik, np.float64)[:, :n])
         reps.append(np.asarray(y_rep)[:, :n])
     return PointwiseDraws(np.concatenate(logs, axis=1), np.concatenate(reps, axis=1))
+
+
+# ----------------------------------------------------------------------------- one pass for a report
+@dataclasses.dataclass(frozen=True)
+class ChunkSummaries:
+    """What :func:`summaries_given_u` computes over the rows of ``X`` in one pass: the pointwise
+    draws, the analytic predictive (``predict``'s moments) and the ELBO's data term and KL."""
+
+    pointwise: PointwiseDraws
+    f_mean: np.ndarray  # [N, L]
+    f_var: np.ndarray  # [N, L]
+    y_mean: np.ndarray  # [N, L]
+    y_var: np.ndarray  # [N, L]
+    probs: np.ndarray | None  # [N, C] (classification) or None
+    expected_log_lik: float  # sum_n E_q[log p(y_n | f_n)] (float64 sum of per-chunk sums)
+    kl: float  # KL[q(u) || p(u)]
+
+
+def summaries_supported(res: FitResult) -> bool:
+    """Whether :func:`summaries_given_u` applies: an SVGP-style family with every hyperparameter
+    fixed or a point estimate, an analytic data term (its ELBO needs one draw) and no per-datum
+    variational parameters."""
+    family = res.family
+    return (all(hasattr(family, name) for name in ("parts", "posterior", "prior", "predictive_moments", "kl",
+                                                   "expected_log_lik", "data_term_inputs"))
+            and family.hyper_guide is None and not family.stochastic_expectation
+            and not getattr(family, "needs_data_indices", False))
+
+
+def summaries_given_u(res: FitResult, X, y, draws: InducingDraws, key, moments_key) -> ChunkSummaries:
+    """:func:`pointwise_given_u` ``(res, X, y, draws, key)`` together with ``predict``'s moments at ``X``
+    (key ``fold_in(moments_key, chunk)``) and the ELBO's terms on (X, y), from one program run once per
+    chunk of :data:`CHUNK_ROWS` rows (see :func:`summaries_supported`)."""
+    family = _check_family(res)
+    if not summaries_supported(res):
+        raise InvalidArgumentError("res", f"model {res.spec.name!r} has sampled hyperparameters, a Monte Carlo data "
+                                          "term or per-datum parameters: use pointwise_given_u, predict and evaluate_elbo")
+    _check_draws(res, draws)
+    X = check_new_inputs(res, X, "X")
+    y = res.spec.likelihood.validate_targets(y)
+    if y.shape[0] != X.shape[0]:
+        raise ShapeError("y", f"has {y.shape[0]} rows but X has {X.shape[0]}")
+    u = jnp.asarray(draws.u)
+    logs, reps, moments, ell_total, kl = [], [], [], 0.0, None
+    program = _summary_chunk.for_calls(_num_chunks(X))
+    for i, (n, Xc, (yc,)) in enumerate(_chunks(X, np.asarray(y, float_dtype()))):
+        log_lik, y_rep, chunk_moments, ell, kl = program(family, res.params, u, jnp.asarray(Xc), jnp.asarray(yc),
+                                                         jax.random.fold_in(key, i), jax.random.fold_in(moments_key, i))
+        logs.append(np.asarray(log_lik, np.float64)[:, :n])
+        reps.append(np.asarray(y_rep)[:, :n])
+        moments.append([None if m is None else np.asarray(m)[:n] for m in chunk_moments])
+        ell_total += float(np.sum(np.asarray(ell)[:n], dtype=np.float64))
+    f_mean, f_var, y_mean, y_var, probs = (None if moments[0][j] is None else np.concatenate([m[j] for m in moments])
+                                           for j in range(5))
+    return ChunkSummaries(PointwiseDraws(np.concatenate(logs, axis=1), np.concatenate(reps, axis=1)),
+                          f_mean, f_var, y_mean, y_var, probs, ell_total, float(kl))

@@ -1,6 +1,8 @@
-"""The report phase's ahead-of-time compilation (inference.compilation.AheadOfTime): every program
-the report runs is compiled once, before its first call, and the report is the same with or
-without it; the report read back from disk (rebuild_report) is the report written in memory."""
+"""The report phase's programs: one pass per chunk of rows gives the pointwise draws, the
+predictive moments and the ELBO of a model (inference.posterior.summaries_given_u), equal to the
+separate functions; every program the report runs is compiled once, before its first call
+(inference.compilation.AheadOfTime), and the report is the same with or without it; the report
+read back from disk (rebuild_report) is the report written in memory."""
 
 from __future__ import annotations
 
@@ -15,18 +17,19 @@ import pytest
 import xarray as xr
 
 from gpzoo.analysis.compare import elbo_estimates, submit_elbo_programs
-from gpzoo.analysis.datatree import submit_datatree_programs, to_datatree
+from gpzoo.analysis.datatree import datatree_and_elbo, submit_datatree_programs, to_datatree
 from gpzoo.analysis.report import rebuild_report, report
 from gpzoo.inference.compilation import AheadOfTime
-from gpzoo.inference.fit import fit
+from gpzoo.inference.fit import evaluate_elbo, fit, predict
 from gpzoo.inference.io import load, save
-from gpzoo.models import zoo
+from gpzoo.inference.posterior import pointwise_given_u, sample_inducing, summaries_given_u, summaries_supported
+from gpzoo.models import likelihoods, zoo
 from gpzoo.models.errors import InvalidArgumentError
 
 matplotlib.use("Agg")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::RuntimeWarning")  # Pareto k
 
-REPORT_PROGRAMS = ("_draw_inducing", "_pointwise_chunk", "_moments", "_ell_and_kl")
+REPORT_PROGRAMS = ("_draw_inducing", "_summary_chunk", "_pointwise_chunk", "_moments", "_mixture_moments", "_ell_and_kl")
 
 
 def _binary(n, seed):
@@ -75,21 +78,91 @@ def saved(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def saved_softmax(tmp_path_factory):
+    """A 3-class SVGP with a Monte Carlo (softmax) data term: its report takes the separate programs."""
+    rng = np.random.default_rng(4)
+    X = rng.uniform(-3.0, 3.0, (30, 1))
+    y = np.digitize(X[:, 0], [-1.0, 1.0]).astype(np.int64)
+    spec = zoo.get("svgp-rbf", input_dim=1, task="multiclass", num_classes=3, num_inducing=5,
+                   likelihood=likelihoods.Softmax(num_classes=3, num_mc_samples=8))
+    path = tmp_path_factory.mktemp("fit") / "softmax"
+    save(fit(spec, X, y, steps=20, progress=False), path)
+    return path, rng.uniform(-3.0, 3.0, (12, 1))
+
+
 @pytest.mark.usefixtures("precision")
 def test_every_report_program_compiles_once_ahead_of_its_call(saved):
     X_test, y_test = _binary(15, 1)
     res = load(saved)  # a fresh family: none of its programs is compiled yet
+    assert summaries_supported(res)  # analytic (probit quadrature) data term, type-II hyperparameters
     with _Compiles() as ahead, AheadOfTime(2) as aot:
         submit_elbo_programs(aot, "m", res, num_samples=4, seed=0)
         submit_datatree_programs(aot, "m", res, X_test, y_test, num_draws=30, seed=0)
         aot.wait("m")
-    # pointwise: 30 training and 15 test rows are two chunk shapes
-    assert ahead.report_programs() == {"_draw_inducing": 1, "_pointwise_chunk": 2, "_moments": 1, "_ell_and_kl": 1}
+    # one program per chunk shape (30 training and 15 test rows: two) for draws, moments and ELBO terms
+    assert ahead.report_programs() == {**dict.fromkeys(REPORT_PROGRAMS, 0), "_draw_inducing": 1, "_summary_chunk": 2,
+                                       "_ell_and_kl": 1}
     with _Compiles() as later:
         dt = to_datatree(res, X_test, y_test, num_draws=30, seed=0)
         estimate = elbo_estimates({"m": res}, num_samples=4, seed=0)["m"]
     assert later.report_programs() == dict.fromkeys(REPORT_PROGRAMS, 0)  # all found compiled
     assert np.isfinite(estimate["elbo"]) and dt["log_likelihood"]["y"].shape == (1, 30, 30)
+
+
+def test_separate_programs_of_a_monte_carlo_model_compile_ahead_too(saved_softmax):
+    path, X_test = saved_softmax
+    y_test = np.digitize(X_test[:, 0], [-1.0, 1.0]).astype(np.int64)
+    res = load(path)
+    assert not summaries_supported(res)  # softmax: Monte Carlo expectations
+    with _Compiles() as ahead, AheadOfTime(2) as aot:
+        submit_elbo_programs(aot, "m", res, num_samples=3, seed=0)
+        submit_datatree_programs(aot, "m", res, X_test, y_test, num_draws=25, seed=0)
+        aot.wait("m")
+    assert ahead.report_programs() == {**dict.fromkeys(REPORT_PROGRAMS, 0), "_draw_inducing": 1, "_pointwise_chunk": 2,
+                                       "_moments": 1, "_ell_and_kl": 1}
+    with _Compiles() as later:
+        dt, elbo = datatree_and_elbo(res, X_test, y_test, num_draws=25, seed=0)
+        estimate = evaluate_elbo(res, num_samples=3, seed=0)
+    assert later.report_programs() == dict.fromkeys(REPORT_PROGRAMS, 0)
+    assert elbo is None and estimate.num_samples == 3 and estimate.stderr > 0  # Monte Carlo: estimated separately
+    assert dt["predictions_moments"]["probs"].shape == (12, 3)
+
+
+@pytest.mark.usefixtures("precision")
+def test_one_pass_equals_pointwise_predict_and_evaluate_elbo(saved):
+    """summaries_given_u computes what pointwise_given_u, predict and evaluate_elbo compute separately
+    (same keys: the same replicates; values to rounding, as XLA fuses the one program differently)."""
+    X_test, y_test = _binary(300, 5)  # 300 rows: two chunks, the second padded
+    res = load(saved)
+    tight = 1e-12 if jax.config.jax_enable_x64 else 2e-5
+    key, key_moments = jax.random.PRNGKey(3), jax.random.PRNGKey(4)
+    draws = sample_inducing(res, 40, jax.random.PRNGKey(2))
+    found = summaries_given_u(res, X_test, y_test, draws, key, key_moments)
+    alone = pointwise_given_u(res, X_test, y_test, draws, key)
+    np.testing.assert_allclose(found.pointwise.log_lik, alone.log_lik, rtol=tight, atol=tight)
+    np.testing.assert_array_equal(found.pointwise.y_rep, alone.y_rep)
+    pred = predict(res, X_test, seed=0, batch_size=256)  # the same chunks and moment keys as the one pass
+    found = summaries_given_u(res, X_test, y_test, draws, key, jax.random.split(jax.random.PRNGKey(0), 3)[2])
+    for name in ("f_mean", "f_var", "y_mean", "y_var", "probs"):
+        np.testing.assert_allclose(getattr(found, name), getattr(pred, name), rtol=tight, atol=tight, err_msg=name)
+    on_train = summaries_given_u(res, res.X_train, res.y_train, draws, key, key_moments)
+    elbo = evaluate_elbo(res)
+    assert elbo.stderr == 0.0 and elbo.num_samples == 1
+    assert on_train.expected_log_lik == pytest.approx(elbo.expected_log_lik, rel=tight)
+    assert on_train.kl == pytest.approx(elbo.kl, rel=tight)
+    dt, estimate = datatree_and_elbo(res, X_test, y_test, num_draws=40, seed=0)
+    assert estimate.elbo == pytest.approx(elbo.elbo, rel=tight) and estimate.stderr == 0.0
+    assert _same_trees(to_datatree(res, X_test, y_test, num_draws=40, seed=0), dt)
+    assert datatree_and_elbo(res, X_test, y_test, num_draws=40, include_train=False)[1] is None  # no training pass
+
+
+def test_one_pass_refuses_a_monte_carlo_model(saved_softmax):
+    path, X_test = saved_softmax
+    res = load(path)
+    draws = sample_inducing(res, 25, jax.random.PRNGKey(0))
+    with pytest.raises(InvalidArgumentError, match="res"):
+        summaries_given_u(res, X_test, np.zeros(12, np.int64), draws, jax.random.PRNGKey(1), jax.random.PRNGKey(2))
 
 
 def test_a_program_that_does_not_lower_is_left_to_its_first_call():
@@ -146,20 +219,44 @@ def test_report_checks_compile_workers(tmp_path):
         report({"a": object()}, tmp_path, X_test=np.zeros((2, 1)), y_test=np.zeros(2), compile_workers=-1)
 
 
-def test_idle_compile_workers_follows_the_load_average(monkeypatch):
+def test_idle_compile_workers_counts_idle_cores_now(monkeypatch):
+    """Workers = idle cores (sampled now) less the calling thread's; the load average only where the
+    CPU counters cannot be read (it still counts this process's fits that have just finished)."""
     import os  # noqa: PLC0415
 
     from gpzoo.inference import compilation  # noqa: PLC0415
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.7, 1.7, 1.7))  # right after a minute of fitting
+    for idle, expected in ((2.0, 1), (1.8, 1), (1.7, 0), (0.3, 0), (0.0, 0), (7.5, 1)):
+        monkeypatch.setattr(compilation, "idle_cores", lambda interval=0.1, idle=idle: idle)
+        assert compilation.idle_compile_workers() == expected, idle
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(compilation, "idle_cores", lambda interval=0.1: 8.0)
+    assert compilation.idle_compile_workers() == 2 and compilation.idle_compile_workers(most=5) == 5
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(compilation, "idle_cores", lambda interval=0.1: None)  # no /proc/stat: the load average
     for load, expected in ((0.1, 1), (0.0, 2), (0.9, 1), (1.2, 0), (11.0, 0)):
         monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
         assert compilation.idle_compile_workers() == expected, load
-    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
-    assert compilation.idle_compile_workers(most=1) == 1
 
     def unavailable():
         raise OSError("no load average")
 
     monkeypatch.setattr(os, "getloadavg", unavailable)
     assert compilation.idle_compile_workers() == 0
+
+
+def test_idle_cores_reads_the_cpu_counters(monkeypatch):
+    from gpzoo.inference import compilation  # noqa: PLC0415
+
+    samples = iter([(100, 1000, 2), (160, 1100, 2)])  # 60 of 100 ticks busy over 2 CPUs: 0.8 idle
+    monkeypatch.setattr(compilation, "_cpu_times", lambda: next(samples))
+    assert compilation.idle_cores(0.0) == pytest.approx(0.8)
+    monkeypatch.undo()
+    found = compilation._cpu_times()
+    if found is None:
+        pytest.skip("no /proc/stat on this platform")
+    busy, total, cpus = found
+    assert 0 <= busy <= total and cpus >= 1
+    assert 0.0 <= compilation.idle_cores(0.05) <= cpus
