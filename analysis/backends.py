@@ -178,10 +178,13 @@ def _ray(tasks: Sequence[FitTask], X, y, options: FitOptions, on_done: Callable[
                 queue.finished(task)
                 on_done(task)
             submit(actor)
+        for actor in actors:  # idle now: each leaves once it has reported its tasks' events to Ray (ray.timeline)
+            actor.__ray_terminate__.remote()
+        actors = []
         if failures:
             raise FitTaskError(f"{len(failures)} of {len(tasks)} fit(s) failed twice on Ray: " + "; ".join(failures))
     finally:
-        for actor in actors:
+        for actor in actors:  # an error or Ctrl-C: the actors stop now, and a fit still running with them
             ray.kill(actor)
         if started:
             ray.shutdown()
