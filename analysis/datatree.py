@@ -82,7 +82,7 @@ from arviz_base import from_dict
 from gpzoo.inference.compilation import AheadOfTime
 from gpzoo.inference.data import check_new_inputs
 from gpzoo.inference.fit import predict, predict_calls
-from gpzoo.inference.posterior import (pointwise_given_u, sample_inducing, submit_programs, summaries_given_u,
+from gpzoo.inference.posterior import (draws_and_summaries, pointwise_given_u, sample_inducing, submit_programs,
                                       summaries_supported)
 from gpzoo.inference.results import FIXED, SAMPLED, TYPE_II, ElboEstimate, FitResult, Prediction
 from gpzoo.models.errors import GPZooError, InvalidArgumentError, ShapeError
@@ -150,20 +150,21 @@ def datatree_and_elbo(res: FitResult, X_test, y_test, *, num_draws: int = 200, s
     test_index = _row_index(test_index, len(y_test), "test_index")
     key_u, key_test, key_train = jax.random.split(jax.random.PRNGKey(seed), 3)
 
-    draws = sample_inducing(res, int(num_draws), key_u)
     elbo = None
     if summaries_supported(res):
         key_moments = jax.random.split(jax.random.PRNGKey(seed), 3)[2]  # predict(res, X_test, seed=seed)'s key
-        found = summaries_given_u(res, X_test, y_test, draws, key_test, key_moments)
-        test = found.pointwise
-        pred = Prediction(found.f_mean, found.f_var, found.y_mean, found.y_var, found.probs)
+        inputs = [(X_test, y_test, key_test)] + ([(res.X_train, res.y_train, key_train)] if include_train else [])
+        draws, found = draws_and_summaries(res, int(num_draws), key_u, inputs, key_moments)
+        test = found[0].pointwise
+        pred = Prediction(found[0].f_mean, found[0].f_var, found[0].y_mean, found[0].y_var, found[0].probs)
         train = None
         if include_train:
-            on_train = summaries_given_u(res, res.X_train, res.y_train, draws, key_train, key_moments)
+            on_train = found[1]
             train = on_train.pointwise
             value = on_train.expected_log_lik - on_train.kl
             elbo = ElboEstimate(value, 0.0, on_train.expected_log_lik, on_train.kl, 1, np.array([value]))
     else:
+        draws = sample_inducing(res, int(num_draws), key_u)
         test = pointwise_given_u(res, X_test, y_test, draws, key_test)
         train = pointwise_given_u(res, res.X_train, res.y_train, draws, key_train) if include_train else None
         pred = predict(res, X_test, seed=seed)
@@ -266,8 +267,8 @@ def datatree_and_elbo(res: FitResult, X_test, y_test, *, num_draws: int = 200, s
 def submit_datatree_programs(aot: AheadOfTime, tag, res: FitResult, X_test, y_test, *, num_draws: int = 200,
                              seed: int = 0, include_train: bool = True) -> None:
     """Queue on ``aot`` the compilation of the programs ``to_datatree(res, X_test, y_test, ...)`` runs
-    with the same arguments: the draws of q and either the one program per chunk of
-    :func:`datatree_and_elbo` or the pointwise log-likelihoods of the test (and training) points and
+    with the same arguments: either the one program per chunk of :func:`datatree_and_elbo`, or the
+    draws of q, the pointwise log-likelihoods of the test (and training) points and
     :func:`gpzoo.inference.predict` on the test set (its first chunk's program)."""
     key_u = jax.random.split(jax.random.PRNGKey(seed), 3)[0]
     inputs = [(X_test, y_test)] + ([(res.X_train, res.y_train)] if include_train else [])

@@ -32,8 +32,8 @@ from gpzoo.inference.results import FitResult
 from gpzoo.inference.guides import blockdiag_matvec, blockdiag_solve
 from gpzoo.models.errors import InvalidArgumentError, ShapeError
 
-__all__ = ["ChunkSummaries", "InducingDraws", "PointwiseDraws", "conditional_given_u", "pointwise_given_u", "sample_inducing",
-           "submit_programs", "summaries_given_u", "summaries_supported"]
+__all__ = ["InducingDraws", "PointwiseDraws", "Summaries", "conditional_given_u", "draws_and_summaries", "pointwise_given_u",
+           "sample_inducing", "submit_programs", "summaries_supported"]
 
 #: Rows of X handled at once when forming Kuf ``[G, M, rows]`` (bounds memory for conv kernels).
 CHUNK_ROWS = 256
@@ -137,7 +137,7 @@ def _draw_arguments(res: FitResult, num_draws: int, key, hyper):
     X1 = jnp.asarray(res.X_train[:1])
     y1 = jnp.asarray(res.y_train[:1], float_dtype())
     keys = jax.random.split(jax.random.split(key)[1], int(num_draws))
-    return (res.family, int(res.num_data), res.params, hyper, keys, X1, y1)
+    return [res.family, int(res.num_data), res.params, hyper, keys, X1, y1]
 
 
 def sample_inducing(res: FitResult, num_draws: int, key) -> InducingDraws:
@@ -155,8 +155,8 @@ def sample_inducing(res: FitResult, num_draws: int, key) -> InducingDraws:
 
 def submit_programs(aot: AheadOfTime, tag, res: FitResult, num_draws: int, key, inputs, *, summaries: bool = False) -> None:
     """Queue on ``aot`` (under ``tag``) the compilation of the programs that :func:`sample_inducing`
-    ``(res, num_draws, key)`` and :func:`pointwise_given_u` (``summaries``: :func:`summaries_given_u`)
-    on each ``(X, y)`` of ``inputs`` will run.
+    ``(res, num_draws, key)`` and :func:`pointwise_given_u` on each ``(X, y)`` of ``inputs`` will run
+    (``summaries``: the one program of :func:`draws_and_summaries` on those inputs).
 
     Only shapes are traced (no draw is made here); a program shared by several inputs (same chunk
     shape and build) is queued once.
@@ -166,8 +166,10 @@ def submit_programs(aot: AheadOfTime, tag, res: FitResult, num_draws: int, key, 
     hyper = jax.eval_shape(lambda k: _sample_hyper(res, k, S), jax.random.split(key)[0])
     draw = _draw_inducing.for_calls(1)
     args = _draw_arguments(res, S, key, hyper)
-    aot.submit(tag, draw, *args)
+    if not summaries:
+        aot.submit(tag, draw, *args)
     u = jax.eval_shape(draw, *args)[0]
+    del args[3]  # the one-pass program takes no sampled hyperparameters
     seen = set()
     for X, y in inputs:
         X = check_new_inputs(res, X, "X")
@@ -179,7 +181,7 @@ def submit_programs(aot: AheadOfTime, tag, res: FitResult, num_draws: int, key, 
             seen.add(signature)
             chunk_key = jax.random.fold_in(key, 0)
             if summaries:
-                aot.submit(tag, program, res.family, res.params, u, jnp.asarray(Xc), jnp.asarray(yc), chunk_key, chunk_key)
+                aot.submit(tag, program, *args, jnp.asarray(Xc), jnp.asarray(yc), chunk_key, chunk_key)
             else:
                 aot.submit(tag, program, res.family, res.params, hyper, u, jnp.asarray(Xc), jnp.asarray(yc), chunk_key)
 
@@ -284,19 +286,22 @@ def _pointwise_chunk(family, params, hyper, u, Xc, yc, key):
     return _pointwise_values(family, params, hyper, u, Xc, yc, key)
 
 
-@adaptive_jit(static_argnums=0)
-def _summary_chunk(family, params, u, Xc, yc, key, moments_key):
+@adaptive_jit(static_argnums=(0, 1))
+def _summary_chunk(family, num_data: int, params, keys, X1, y1, Xc, yc, key, moments_key):
     """One chunk's every report quantity in one program (fixed hyperparameters, analytic data term):
-    :func:`_pointwise_values`, the q(f*) predictive moments of ``predict`` and, per row,
-    E_q[log p(y_n | f_n)], with KL[q(u) || p(u)]. The kernel matrices of the chunk (Kuf, diag Kff)
-    and the factor of Kuu are traced three times and computed once (XLA merges the copies)."""
+    the draws u_s ~ q(u) of :func:`_draw_inducing` (the same keys give the same draws in every
+    chunk), :func:`_pointwise_values` given them, the q(f*) predictive moments of ``predict`` and,
+    per row, E_q[log p(y_n | f_n)], with KL[q(u) || p(u)]. Kuu's factor and the chunk's kernel
+    matrices (Kuf, diag Kff) are traced several times and computed once (XLA merges the copies)."""
+    u, log_q, log_p = _draw_inducing.__wrapped__(family, num_data, params, {}, keys, X1, y1)
     log_lik, y_rep = _pointwise_values(family, params, {}, u, Xc, yc, key)
     with substitute(data=params), seed(rng_seed=moments_key):
         parts = family.parts()
         moments = family.predictive_moments(parts, Xc, moments_key)
         ell = family.expected_log_lik(parts, Xc, yc, None, **family.data_term_inputs(Xc, yc))  # [n]
         kl = family.kl(parts)
-    return log_lik, y_rep, moments, ell, kl
+    return (u, log_q, log_p), log_lik, y_rep, moments, ell, kl
+
 
 def pointwise_given_u(res: FitResult, X, y, draws: InducingDraws, key) -> PointwiseDraws:
     """log p(y_n | u_s) ``[S, N]`` via ``likelihood.predict_log_density(y_n, μ_n(u_s), σ²_n)`` and
@@ -320,9 +325,9 @@ def pointwise_given_u(res: FitResult, X, y, draws: InducingDraws, key) -> Pointw
 
 # ----------------------------------------------------------------------------- one pass for a report
 @dataclasses.dataclass(frozen=True)
-class ChunkSummaries:
-    """What :func:`summaries_given_u` computes over the rows of ``X`` in one pass: the pointwise
-    draws, the analytic predictive (``predict``'s moments) and the ELBO's data term and KL."""
+class Summaries:
+    """What :func:`draws_and_summaries` computes over the rows of one ``(X, y)`` in one pass: the
+    pointwise draws, the analytic predictive (``predict``'s moments) and the ELBO's data term and KL."""
 
     pointwise: PointwiseDraws
     f_mean: np.ndarray  # [N, L]
@@ -330,12 +335,12 @@ class ChunkSummaries:
     y_mean: np.ndarray  # [N, L]
     y_var: np.ndarray  # [N, L]
     probs: np.ndarray | None  # [N, C] (classification) or None
-    expected_log_lik: float  # sum_n E_q[log p(y_n | f_n)] (float64 sum of per-chunk sums)
+    expected_log_lik: float  # sum_n E_q[log p(y_n | f_n)] (float64 sum over rows)
     kl: float  # KL[q(u) || p(u)]
 
 
 def summaries_supported(res: FitResult) -> bool:
-    """Whether :func:`summaries_given_u` applies: an SVGP-style family with every hyperparameter
+    """Whether :func:`draws_and_summaries` applies: an SVGP-style family with every hyperparameter
     fixed or a point estimate, an analytic data term (its ELBO needs one draw) and no per-datum
     variational parameters."""
     family = res.family
@@ -345,30 +350,51 @@ def summaries_supported(res: FitResult) -> bool:
             and not getattr(family, "needs_data_indices", False))
 
 
-def summaries_given_u(res: FitResult, X, y, draws: InducingDraws, key, moments_key) -> ChunkSummaries:
-    """:func:`pointwise_given_u` ``(res, X, y, draws, key)`` together with ``predict``'s moments at ``X``
-    (key ``fold_in(moments_key, chunk)``) and the ELBO's terms on (X, y), from one program run once per
-    chunk of :data:`CHUNK_ROWS` rows (see :func:`summaries_supported`)."""
-    family = _check_family(res)
-    if not summaries_supported(res):
-        raise InvalidArgumentError("res", f"model {res.spec.name!r} has sampled hyperparameters, a Monte Carlo data "
-                                          "term or per-datum parameters: use pointwise_given_u, predict and evaluate_elbo")
-    _check_draws(res, draws)
+def _summary_inputs(res: FitResult, X, y):
     X = check_new_inputs(res, X, "X")
     y = res.spec.likelihood.validate_targets(y)
     if y.shape[0] != X.shape[0]:
         raise ShapeError("y", f"has {y.shape[0]} rows but X has {X.shape[0]}")
-    u = jnp.asarray(draws.u)
-    logs, reps, moments, ell_total, kl = [], [], [], 0.0, None
-    program = _summary_chunk.for_calls(_num_chunks(X))
-    for i, (n, Xc, (yc,)) in enumerate(_chunks(X, np.asarray(y, float_dtype()))):
-        log_lik, y_rep, chunk_moments, ell, kl = program(family, res.params, u, jnp.asarray(Xc), jnp.asarray(yc),
-                                                         jax.random.fold_in(key, i), jax.random.fold_in(moments_key, i))
-        logs.append(np.asarray(log_lik, np.float64)[:, :n])
-        reps.append(np.asarray(y_rep)[:, :n])
-        moments.append([None if m is None else np.asarray(m)[:n] for m in chunk_moments])
-        ell_total += float(np.sum(np.asarray(ell)[:n], dtype=np.float64))
-    f_mean, f_var, y_mean, y_var, probs = (None if moments[0][j] is None else np.concatenate([m[j] for m in moments])
-                                           for j in range(5))
-    return ChunkSummaries(PointwiseDraws(np.concatenate(logs, axis=1), np.concatenate(reps, axis=1)),
-                          f_mean, f_var, y_mean, y_var, probs, ell_total, float(kl))
+    return X, np.asarray(y, float_dtype())
+
+
+def draws_and_summaries(res: FitResult, num_draws: int, key, inputs, moments_key) -> tuple[InducingDraws, list[Summaries]]:
+    """``sample_inducing(res, num_draws, key)`` and, for each ``(X, y, pointwise_key)`` of ``inputs``,
+    ``pointwise_given_u(res, X, y, draws, pointwise_key)`` with ``predict``'s moments at ``X`` (key
+    ``fold_in(moments_key, chunk)``) and the ELBO's terms on (X, y): one program, run once per chunk
+    of :data:`CHUNK_ROWS` rows, computes all of it (see :func:`summaries_supported`). The values
+    equal the separate functions' up to rounding (XLA fuses the one program differently).
+    """
+    _check_family(res)
+    if not summaries_supported(res):
+        raise InvalidArgumentError("res", f"model {res.spec.name!r} has sampled hyperparameters, a Monte Carlo data "
+                                          "term or per-datum parameters: use sample_inducing, pointwise_given_u, "
+                                          "predict and evaluate_elbo")
+    if isinstance(num_draws, bool) or not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
+        raise InvalidArgumentError("num_draws", f"must be a positive integer, got {num_draws!r}")
+    checked = [(*_summary_inputs(res, X, y), k) for X, y, k in inputs]
+    draw_args = _draw_arguments(res, int(num_draws), key, {})
+    del draw_args[3]  # no sampled hyperparameters
+    draws, found = None, []
+    for X, y, pointwise_key in checked:
+        logs, reps, moments, ell_total, kl = [], [], [], 0.0, None
+        program = _summary_chunk.for_calls(_num_chunks(X))
+        for i, (n, Xc, (yc,)) in enumerate(_chunks(X, y)):
+            drawn, log_lik, y_rep, chunk_moments, ell, kl = program(
+                *draw_args, jnp.asarray(Xc), jnp.asarray(yc), jax.random.fold_in(pointwise_key, i),
+                jax.random.fold_in(moments_key, i))
+            if draws is None:
+                u, log_q, log_p = drawn
+                draws = InducingDraws(u=np.asarray(u), log_q=np.asarray(log_q, np.float64),
+                                      log_prior=np.asarray(log_p, np.float64), hyper={})
+            logs.append(np.asarray(log_lik, np.float64)[:, :n])
+            reps.append(np.asarray(y_rep)[:, :n])
+            moments.append([None if m is None else np.asarray(m)[:n] for m in chunk_moments])
+            ell_total += float(np.sum(np.asarray(ell)[:n], dtype=np.float64))
+        f_mean, f_var, y_mean, y_var, probs = (None if moments[0][j] is None else np.concatenate([m[j] for m in moments])
+                                               for j in range(5))
+        found.append(Summaries(PointwiseDraws(np.concatenate(logs, axis=1), np.concatenate(reps, axis=1)),
+                               f_mean, f_var, y_mean, y_var, probs, ell_total, float(kl)))
+    if draws is None:  # no inputs: the draws alone
+        draws = sample_inducing(res, int(num_draws), key)
+    return draws, found

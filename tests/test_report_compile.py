@@ -1,5 +1,5 @@
 """The report phase's programs: one pass per chunk of rows gives the pointwise draws, the
-predictive moments and the ELBO of a model (inference.posterior.summaries_given_u), equal to the
+predictive moments and the ELBO of a model (inference.posterior.draws_and_summaries), equal to the
 separate functions; every program the report runs is compiled once, before its first call
 (inference.compilation.AheadOfTime), and the report is the same with or without it; the report
 read back from disk (rebuild_report) is the report written in memory."""
@@ -22,7 +22,7 @@ from gpzoo.analysis.report import rebuild_report, report
 from gpzoo.inference.compilation import AheadOfTime
 from gpzoo.inference.fit import evaluate_elbo, fit, predict
 from gpzoo.inference.io import load, save
-from gpzoo.inference.posterior import pointwise_given_u, sample_inducing, summaries_given_u, summaries_supported
+from gpzoo.inference.posterior import draws_and_summaries, pointwise_given_u, sample_inducing, summaries_supported
 from gpzoo.models import likelihoods, zoo
 from gpzoo.models.errors import InvalidArgumentError
 
@@ -101,8 +101,7 @@ def test_every_report_program_compiles_once_ahead_of_its_call(saved):
         submit_datatree_programs(aot, "m", res, X_test, y_test, num_draws=30, seed=0)
         aot.wait("m")
     # one program per chunk shape (30 training and 15 test rows: two) for draws, moments and ELBO terms
-    assert ahead.report_programs() == {**dict.fromkeys(REPORT_PROGRAMS, 0), "_draw_inducing": 1, "_summary_chunk": 2,
-                                       "_ell_and_kl": 1}
+    assert ahead.report_programs() == {**dict.fromkeys(REPORT_PROGRAMS, 0), "_summary_chunk": 2, "_ell_and_kl": 1}
     with _Compiles() as later:
         dt = to_datatree(res, X_test, y_test, num_draws=30, seed=0)
         estimate = elbo_estimates({"m": res}, num_samples=4, seed=0)["m"]
@@ -130,23 +129,26 @@ def test_separate_programs_of_a_monte_carlo_model_compile_ahead_too(saved_softma
 
 
 @pytest.mark.usefixtures("precision")
-def test_one_pass_equals_pointwise_predict_and_evaluate_elbo(saved):
-    """summaries_given_u computes what pointwise_given_u, predict and evaluate_elbo compute separately
-    (same keys: the same replicates; values to rounding, as XLA fuses the one program differently)."""
+def test_one_pass_equals_sample_pointwise_predict_and_evaluate_elbo(saved):
+    """draws_and_summaries computes what sample_inducing, pointwise_given_u, predict and evaluate_elbo
+    compute separately (same keys: the same replicates; values to rounding, as XLA fuses the one
+    program differently)."""
     X_test, y_test = _binary(300, 5)  # 300 rows: two chunks, the second padded
     res = load(saved)
     tight = 1e-12 if jax.config.jax_enable_x64 else 2e-5
-    key, key_moments = jax.random.PRNGKey(3), jax.random.PRNGKey(4)
-    draws = sample_inducing(res, 40, jax.random.PRNGKey(2))
-    found = summaries_given_u(res, X_test, y_test, draws, key, key_moments)
-    alone = pointwise_given_u(res, X_test, y_test, draws, key)
-    np.testing.assert_allclose(found.pointwise.log_lik, alone.log_lik, rtol=tight, atol=tight)
-    np.testing.assert_array_equal(found.pointwise.y_rep, alone.y_rep)
-    pred = predict(res, X_test, seed=0, batch_size=256)  # the same chunks and moment keys as the one pass
-    found = summaries_given_u(res, X_test, y_test, draws, key, jax.random.split(jax.random.PRNGKey(0), 3)[2])
+    key_u, key, key_train = jax.random.PRNGKey(2), jax.random.PRNGKey(3), jax.random.PRNGKey(5)
+    key_moments = jax.random.split(jax.random.PRNGKey(0), 3)[2]  # predict(res, X, seed=0)'s
+    draws, (found, on_train) = draws_and_summaries(res, 40, key_u, [(X_test, y_test, key), (res.X_train, res.y_train, key_train)],
+                                                   key_moments)
+    alone = sample_inducing(res, 40, key_u)
+    for name in ("u", "log_q", "log_prior"):
+        np.testing.assert_allclose(getattr(draws, name), getattr(alone, name), rtol=tight, atol=tight, err_msg=name)
+    pointwise = pointwise_given_u(res, X_test, y_test, draws, key)
+    np.testing.assert_allclose(found.pointwise.log_lik, pointwise.log_lik, rtol=tight, atol=tight)
+    np.testing.assert_array_equal(found.pointwise.y_rep, pointwise.y_rep)
+    pred = predict(res, X_test, seed=0, batch_size=256)  # the same chunks and keys as the one pass
     for name in ("f_mean", "f_var", "y_mean", "y_var", "probs"):
         np.testing.assert_allclose(getattr(found, name), getattr(pred, name), rtol=tight, atol=tight, err_msg=name)
-    on_train = summaries_given_u(res, res.X_train, res.y_train, draws, key, key_moments)
     elbo = evaluate_elbo(res)
     assert elbo.stderr == 0.0 and elbo.num_samples == 1
     assert on_train.expected_log_lik == pytest.approx(elbo.expected_log_lik, rel=tight)
@@ -160,22 +162,9 @@ def test_one_pass_equals_pointwise_predict_and_evaluate_elbo(saved):
 def test_one_pass_refuses_a_monte_carlo_model(saved_softmax):
     path, X_test = saved_softmax
     res = load(path)
-    draws = sample_inducing(res, 25, jax.random.PRNGKey(0))
     with pytest.raises(InvalidArgumentError, match="res"):
-        summaries_given_u(res, X_test, np.zeros(12, np.int64), draws, jax.random.PRNGKey(1), jax.random.PRNGKey(2))
-
-
-def test_a_program_that_does_not_lower_is_left_to_its_first_call():
-    broken = jax.jit(lambda x: x.undefined_attribute)
-    with AheadOfTime(1) as aot:
-        aot.submit("t", broken, np.zeros(3))  # no error here ...
-        aot.wait("t")
-    with pytest.raises(AttributeError, match="undefined_attribute"):  # ... but where the program is called
-        broken(np.zeros(3))
-    with _Compiles() as compiles, AheadOfTime(0) as off:  # workers=0: nothing is compiled ahead
-        off.submit("t", jax.jit(lambda x: x + 1), np.zeros(3))
-        off.wait("t")
-    assert compiles.counts["<lambda>"] == 0
+        draws_and_summaries(res, 25, jax.random.PRNGKey(0), [(X_test, np.zeros(12, np.int64), jax.random.PRNGKey(1))],
+                            jax.random.PRNGKey(2))
 
 
 def _report_files(out):
