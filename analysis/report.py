@@ -186,6 +186,14 @@ def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset
                 _submit(submit_elbo_programs, aot, "elbo", res, num_samples=num_elbo_samples, seed=seed)
             for name, res in results.items():
                 _submit(submit_datatree_programs, aot, name, res, X_test, y_test, num_draws=num_draws, seed=seed)
+        # first what needs no compiled program (parameter tables, patch figures), while they compile
+        facts = {}
+        for name, res in results.items():
+            facts[name] = {"header": res.header(), "parameters": res.summary().reset_index().to_dict(orient="records")}
+            patches = _inducing_patches_figure(res)
+            if patches is not None:
+                path = _save_figure(patches, out / "figures" / f"patches_{files[name]}.png", tight=False)
+                static_figures[name] = [path.name]
         bar.set_postfix_str("ELBO estimates")
         aot.wait("elbo")
         estimates = elbo_estimates(separate, num_samples=num_elbo_samples, seed=seed) if separate else {}
@@ -206,13 +214,8 @@ def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset
                 "task": res.spec.likelihood.task,
                 "elbo": estimates[name],
                 "fit": fit_facts(res),
-                "header": res.header(),
-                "parameters": res.summary().reset_index().to_dict(orient="records"),
+                **facts[name],
             })
-            patches = _inducing_patches_figure(res)
-            if patches is not None:
-                path = _save_figure(patches, out / "figures" / f"patches_{stem}.png", tight=False)
-                static_figures[name] = [path.name]
             bar.update()
     first = next(iter(results.values()))
     info = {

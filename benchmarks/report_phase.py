@@ -7,9 +7,11 @@ command reports both phases on its last line; the fitting phase is the fits of e
 report phase everything after them (full-data ELBO estimates, DataTrees with posterior draws and
 pointwise log-likelihoods, netCDF files, PSIS-LOO, figures, HTML and Markdown). The machine is
 shared and noisy, so the headline is the ratio report / fit within each run, and its median over
-repeats, with the load average after each run. Goal: report ≤ 0.5 × fit. The report compiles its
-programs ahead of time on the cores the load average leaves idle (none on a loaded machine), so
-the ratio depends on the load as well as on the work.
+repeats, with the load average after each run. Goal: report ≤ 0.5 × fit. The report compiles one
+program per model (posterior draws, pointwise log-likelihoods, predictive moments and ELBO terms
+of each chunk of rows; three per model before) and compiles them ahead of time on a thread when
+a core is idle at the start of the report (sampled from the kernel's CPU counters; none on a
+loaded machine), so the ratio depends on the load as well as on the work.
 
     python benchmarks/report_phase.py [--repeats 3] [--out PATH] [-- extra gpzoo compare options]
 """
