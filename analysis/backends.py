@@ -22,9 +22,10 @@ Every backend fits with JAX's persistent compilation cache in ``compile-cache/``
 checkpoints (:data:`COMPILE_CACHE`, :func:`~gpzoo.inference.tasks.compile_cache`): the fits of one
 model with different seeds run the same programs, so only the first compiles them and the others —
 in this process or in any Ray actor — read them back (the same executables: results do not change).
-Measured on the 2-core CPU machine this project is benchmarked on (rectangles, 150 steps): the
-second seed's fit takes 1.5 s instead of 6–7 s for ``svgp-rbf`` and 4.5–5 s instead of 10 s for
-``conv``, most of whose first fit is XLA's compilation. The folder is removed once every task has
+Measured on the 2-core CPU machine this project is benchmarked on (rectangles, 150 steps, fit and
+save): the second seed of ``svgp-rbf`` took 1.6 s with the cache against 5.7 s without, that of
+``conv`` 4.5 s against 10.5 s (most of a first fit is XLA's compilation);
+``benchmarks/ray_speedup.py`` times whole runs with and without it. The folder is removed once every task has
 finished and kept, like the checkpoints, for ``--resume`` when a run stops early. A cache the
 caller configured (``jax_compilation_cache_dir``) is used instead.
 """
