@@ -55,12 +55,16 @@ TITLES = {
     "reproduce_dkm_wide_long": "Milsom et al. 2024, Table 3 ablations at 4× the width, 1,200 steps (`benchmarks/reproduce_dkm.py --width 64 --steps 1200`)",
     "deep_conv_step_2cores": "2-layer deep TICK GP step, quiet 2-core run (`benchmarks/deep_conv_step.py`)",
     "conv_kernels_mnist10_2cores": "Convolutional kernel hot paths, MNIST-10, quiet 2-core run (`benchmarks/conv_kernels.py --config mnist10`)",
+    "ray_speedup_2cores_quiet": "`gpzoo.compare` grid, sequential against Ray, quiet 2-core run (`benchmarks/ray_speedup.py`)",
+    "ray_speedup_8cores": "`gpzoo.compare` grid, sequential against Ray with 2 workers, 8 cores (`benchmarks/ray_speedup.py`)",
+    "ray_speedup_8cores_1500": "`gpzoo.compare` grid of 1,500-step fits, sequential against Ray with 2 workers, 8 cores (`benchmarks/ray_speedup.py --steps 1500`)",
 }
 #: result files that differ from another only in where or at what size they ran
 ALIASES = {"deep_conv_step_h100": "deep_conv_step", "data_parallel_step_h100": "data_parallel_step",
            "data_parallel_step_8cores": "data_parallel_step", "reproduce_dkm_wide": "reproduce_dkm",
            "reproduce_dkm_wide_long": "reproduce_dkm", "deep_conv_step_2cores": "deep_conv_step",
-           "conv_kernels_mnist10_2cores": "conv_kernels"}
+           "conv_kernels_mnist10_2cores": "conv_kernels", "ray_speedup_2cores_quiet": "ray_speedup",
+           "ray_speedup_8cores": "ray_speedup", "ray_speedup_8cores_1500": "ray_speedup"}
 FORMATTERS: dict[str, Callable[[dict], list[str]]] = {}
 
 
