@@ -117,20 +117,25 @@ def _draw_inducing(family, num_data: int, params, hyper, keys, X1, y1):
     """
 
     def one(h, key):
-        parts = _parts(family, {**params, **h})
-        q, p = family.posterior(parts), family.prior(parts)
-        w = q.sample(key)  # [L, GM]  (v when whitened)
-        log_q, log_p = q.log_prob(w), p.log_prob(w)
-        if family.spec.whiten:
-            # u = Luu v: both densities pick up the same Jacobian −L Σ log diag Luu
-            log_det = w.shape[0] * jnp.sum(jnp.log(jnp.diagonal(parts.Luu, axis1=-2, axis2=-1)))
-            w, log_q, log_p = blockdiag_matvec(parts.Luu, w), log_q - log_det, log_p - log_det
+        w, log_q, log_p = _draw_given_parts(family, _parts(family, {**params, **h}), key)
         if h:
             hq, hp = _hyper_log_densities(family, num_data, params, h, X1, y1)
             log_q, log_p = log_q + hq, log_p + hp
         return w, log_q, log_p
 
     return jax.vmap(one)(hyper, keys)
+
+
+def _draw_given_parts(family, parts, key):
+    """One draw u ``[L, GM]`` ~ q(u) of the realised model ``parts``, with log q(u) and log p(u)."""
+    q, p = family.posterior(parts), family.prior(parts)
+    w = q.sample(key)  # [L, GM]  (v when whitened)
+    log_q, log_p = q.log_prob(w), p.log_prob(w)
+    if family.spec.whiten:
+        # u = Luu v: both densities pick up the same Jacobian −L Σ log diag Luu
+        log_det = w.shape[0] * jnp.sum(jnp.log(jnp.diagonal(parts.Luu, axis1=-2, axis2=-1)))
+        w, log_q, log_p = blockdiag_matvec(parts.Luu, w), log_q - log_det, log_p - log_det
+    return w, log_q, log_p
 
 def _draw_arguments(res: FitResult, num_draws: int, key, hyper):
     """The arguments of :func:`_draw_inducing` for ``sample_inducing(res, num_draws, key)``, given θ draws ``hyper``."""
@@ -169,7 +174,6 @@ def submit_programs(aot: AheadOfTime, tag, res: FitResult, num_draws: int, key, 
     if not summaries:
         aot.submit(tag, draw, *args)
     u = jax.eval_shape(draw, *args)[0]
-    del args[3]  # the one-pass program takes no sampled hyperparameters
     seen = set()
     for X, y in inputs:
         X = check_new_inputs(res, X, "X")
@@ -181,7 +185,8 @@ def submit_programs(aot: AheadOfTime, tag, res: FitResult, num_draws: int, key, 
             seen.add(signature)
             chunk_key = jax.random.fold_in(key, 0)
             if summaries:
-                aot.submit(tag, program, *args, jnp.asarray(Xc), jnp.asarray(yc), chunk_key, chunk_key)
+                aot.submit(tag, program, res.family, res.params, args[4], jnp.asarray(Xc), jnp.asarray(yc), chunk_key,
+                           chunk_key)
             else:
                 aot.submit(tag, program, res.family, res.params, hyper, u, jnp.asarray(Xc), jnp.asarray(yc), chunk_key)
 
@@ -193,9 +198,13 @@ def _conditional(family, params, X, u):
     estimated from orbit samples for a sampled invariant kernel), in its coordinates (v = Luu⁻¹ u when whitened).
     """
     with substitute(data=params), seed(rng_seed=0):
-        parts = family.prior_parts()
-        v = blockdiag_solve(parts.Luu, u) if family.spec.whiten else u  # [S, L, GM]
-        mean, var = jax.vmap(lambda v_s: family.conditional_given_u(parts, X, v_s))(v)  # [S, n, L] x2
+        return _conditional_given_parts(family, family.prior_parts(), X, u)
+
+
+def _conditional_given_parts(family, parts, X, u):
+    """:func:`_conditional` of the realised model ``parts``."""
+    v = blockdiag_solve(parts.Luu, u) if family.spec.whiten else u  # [S, L, GM]
+    mean, var = jax.vmap(lambda v_s: family.conditional_given_u(parts, X, v_s))(v)  # [S, n, L] x2
     return mean, jnp.maximum(var, 0.0), parts.likelihood
 
 def _conditional_all(family, params, hyper, u, X):
@@ -269,7 +278,11 @@ def _replicate(likelihood, mean, var, key):
 
 def _pointwise_values(family, params, hyper, u, Xc, yc, key):
     """log p(y_n | u_s) ``[S, n]`` and replicates ``[S, n]`` for one chunk of inputs (traced by the programs below)."""
-    mean, var, likelihood, per_draw = _conditional_all(family, params, hyper, u, Xc)  # [S, n, L] each
+    return _pointwise_given_moments(*_conditional_all(family, params, hyper, u, Xc), yc, key)
+
+
+def _pointwise_given_moments(mean, var, likelihood, per_draw: bool, yc, key):
+    """:func:`_pointwise_values` from the moments ``[S, n, L]`` of p(f | u_s) (and the likelihood, per draw or not)."""
     S = mean.shape[0]
     keys = jax.random.split(key, 2 * S).reshape(2, S, -1)
     lik_axis = 0 if per_draw else None
@@ -286,17 +299,18 @@ def _pointwise_chunk(family, params, hyper, u, Xc, yc, key):
     return _pointwise_values(family, params, hyper, u, Xc, yc, key)
 
 
-@adaptive_jit(static_argnums=(0, 1))
-def _summary_chunk(family, num_data: int, params, keys, X1, y1, Xc, yc, key, moments_key):
-    """One chunk's every report quantity in one program (fixed hyperparameters, analytic data term):
-    the draws u_s ~ q(u) of :func:`_draw_inducing` (the same keys give the same draws in every
-    chunk), :func:`_pointwise_values` given them, the q(f*) predictive moments of ``predict`` and,
-    per row, E_q[log p(y_n | f_n)], with KL[q(u) || p(u)]. Kuu's factor and the chunk's kernel
-    matrices (Kuf, diag Kff) are traced several times and computed once (XLA merges the copies)."""
-    u, log_q, log_p = _draw_inducing.__wrapped__(family, num_data, params, {}, keys, X1, y1)
-    log_lik, y_rep = _pointwise_values(family, params, {}, u, Xc, yc, key)
-    with substitute(data=params), seed(rng_seed=moments_key):
+@adaptive_jit(static_argnums=0)
+def _summary_chunk(family, params, keys, Xc, yc, key, moments_key):
+    """One chunk's every report quantity in one program (fixed hyperparameters, analytic data term),
+    from one realisation of the model (Kuu and its factor, traced once): the draws u_s ~ q(u) of
+    :func:`_draw_inducing` (the same keys give the same draws in every chunk), :func:`_pointwise_values`
+    given them, the q(f*) predictive moments of ``predict`` and, per row, E_q[log p(y_n | f_n)], with
+    KL[q(u) || p(u)]. The chunk's kernel matrices (Kuf, diag Kff) are traced more than once and
+    computed once (XLA merges the copies)."""
+    with substitute(data=params), seed(rng_seed=0):
         parts = family.parts()
+        u, log_q, log_p = jax.vmap(lambda k: _draw_given_parts(family, parts, k))(keys)
+        log_lik, y_rep = _pointwise_given_moments(*_conditional_given_parts(family, parts, Xc, u), False, yc, key)
         moments = family.predictive_moments(parts, Xc, moments_key)
         ell = family.expected_log_lik(parts, Xc, yc, None, **family.data_term_inputs(Xc, yc))  # [n]
         kl = family.kl(parts)
@@ -373,15 +387,14 @@ def draws_and_summaries(res: FitResult, num_draws: int, key, inputs, moments_key
     if isinstance(num_draws, bool) or not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
         raise InvalidArgumentError("num_draws", f"must be a positive integer, got {num_draws!r}")
     checked = [(*_summary_inputs(res, X, y), k) for X, y, k in inputs]
-    draw_args = _draw_arguments(res, int(num_draws), key, {})
-    del draw_args[3]  # no sampled hyperparameters
+    family, _, params, _, keys, _, _ = _draw_arguments(res, int(num_draws), key, {})
     draws, found = None, []
     for X, y, pointwise_key in checked:
         logs, reps, moments, ell_total, kl = [], [], [], 0.0, None
         program = _summary_chunk.for_calls(_num_chunks(X))
         for i, (n, Xc, (yc,)) in enumerate(_chunks(X, y)):
             drawn, log_lik, y_rep, chunk_moments, ell, kl = program(
-                *draw_args, jnp.asarray(Xc), jnp.asarray(yc), jax.random.fold_in(pointwise_key, i),
+                family, params, keys, jnp.asarray(Xc), jnp.asarray(yc), jax.random.fold_in(pointwise_key, i),
                 jax.random.fold_in(moments_key, i))
             if draws is None:
                 u, log_q, log_p = drawn
