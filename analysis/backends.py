@@ -1,4 +1,4 @@
-"""Where the fits of a comparison run: in this process, one after another, or as Ray tasks.
+"""Where the fits of a comparison run: in this process, one after another, or on a pool of Ray actors.
 
 A comparison is a set of :class:`FitTask` — one model fitted with one seed — that share the
 training data. Every backend runs :func:`fit_task` on each: fit, write the result with
@@ -24,10 +24,14 @@ model with different seeds run the same programs, so only the first compiles the
 in this process or in any Ray actor — read them back (the same executables: results do not change).
 Measured on the 2-core CPU machine this project is benchmarked on (rectangles, 150 steps, fit and
 save): the second seed of ``svgp-rbf`` took 1.6 s with the cache against 5.7 s without, that of
-``conv`` 4.5 s against 10.5 s (most of a first fit is XLA's compilation);
-``benchmarks/ray_speedup.py`` times whole runs with and without it. The folder is removed once every task has
-finished and kept, like the checkpoints, for ``--resume`` when a run stops early. A cache the
-caller configured (``jax_compilation_cache_dir``) is used instead.
+``conv`` 4.5 s against 10.5 s (most of a first fit is XLA's compilation); ``benchmarks/ray_speedup.py``
+times whole runs with and without it. The folder is removed once every task has finished and
+kept, like the checkpoints, for ``--resume`` when a run stops early. A cache the caller configured
+(``jax_compilation_cache_dir``) is used instead.
+
+What a Ray run costs beyond its fits is mostly each actor's start: its process imports gpzoo's
+fitting code and JAX (:mod:`gpzoo.inference.tasks`, about 1.3 s of CPU; not :mod:`gpzoo.analysis`),
+and on the 2-core machine its first task began 1.4–2.7 s after the run's start.
 """
 
 from __future__ import annotations
