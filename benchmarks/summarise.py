@@ -455,7 +455,7 @@ def _ray_speedup(report: dict) -> list[str]:
     rows += [[f"Ray, {s['workers']} workers", num(wall["ray"]), num(report["speedup_without_ray_start"])],
              [f"Ray, {s['workers']} workers (start/stop included)", num(wall["ray_with_start"]), num(report["speedup"])]]
     cache = (f"; both backends fit through the run's compilation cache (a model's second seed reads its programs back: the "
-             f"sequential run takes {num(wall["sequential_no_cache"])} s without it, {num(report["compile_cache_gain"])}× its time with it)"
+             f"sequential run takes {num(wall['sequential_no_cache'])} s without it, {num(report['compile_cache_gain'])}× its time with it)"
              if "sequential_no_cache" in wall else "")
     return ["", f"Models {', '.join(s['models'])} × seeds {', '.join(map(str, s['seeds']))} on rectangles "
                 f"({s['num_train']} images, {s['steps']} steps, B = {s['batch_size']}, M = {s['num_inducing']}, {s['dtype']}), "
