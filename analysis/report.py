@@ -154,8 +154,12 @@ def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset
     also summarises every model over its seeds (mean ± s.d.) and its verdict uses the seed spread.
     ``compile_workers`` threads compile the programs of every model ahead of their use
     (:class:`gpzoo.inference.compilation.AheadOfTime`; 0: each compiles on its first call; None:
-    as many as the load average leaves cores idle, at most 2); the report is the same either way.
-    Returns the path of ``report.html``.
+    :func:`~gpzoo.inference.compilation.idle_compile_workers`, the cores idle now less this
+    thread's, at most 2); the report is the same either way. A model with fixed or point-estimated
+    hyperparameters and an analytic data term runs one program per chunk of rows for its posterior
+    draws, pointwise log-likelihoods, test-set predictive and exact ELBO
+    (:func:`gpzoo.analysis.datatree.datatree_and_elbo`); any other model's ELBO is estimated from
+    ``num_elbo_samples`` Monte Carlo samples (``evaluate_elbo``). Returns the path of ``report.html``.
     """
     from gpzoo.analysis.compare import (  # noqa: PLC0415 - JAX-heavy
         check_common_training_data, elbo_entry, elbo_estimates, submit_elbo_programs)
