@@ -225,17 +225,21 @@ def paired_heldout_difference(datatrees: Mapping[str, xr.DataTree], a: str, b: s
     return float(diff.sum()), _sum_se(diff)
 
 
-def compare_loo(datatrees: Mapping[str, xr.DataTree], *, method: str = "stacking") -> pd.DataFrame:
+def compare_loo(datatrees: Mapping[str, xr.DataTree], *, method: str = "stacking", loos: Mapping | None = None) -> pd.DataFrame:
     """Rank models by PSIS-LOO (``az.compare`` on :func:`loo_approximate`), best first.
 
     ArviZ's columns (``rank``, ``elpd``, ``p``, ``elpd_diff``, ``weight``, ``se``, ``dse``,
     ``warning``, ...) plus the Pareto-k diagnostics (``pareto_k_max``, ``num_bad_k`` = points with
     k above ArviZ's ``good_k`` threshold or not estimable, ``good_k``) and the held-out ``elpd_test`` ± ``elpd_test_se``.
+    ``loos``: ``{name: loo_approximate(datatrees[name])}`` already computed for some models (the rest are computed here).
     """
     import arviz as az
 
     datatrees = _check_mapping(datatrees, "datatrees", xr.DataTree)
-    loos = {name: loo_approximate(_check_tree(dt, name)) for name, dt in datatrees.items()}
+    loos = dict(loos or {})
+    if not set(loos) <= set(datatrees):
+        raise InvalidArgumentError("loos", f"has models that datatrees lacks: {sorted(set(loos) - set(datatrees))}")
+    loos = {name: loos[name] if name in loos else loo_approximate(_check_tree(dt, name)) for name, dt in datatrees.items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         if len(loos) > 1:

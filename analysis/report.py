@@ -162,7 +162,7 @@ def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset
     ``num_elbo_samples`` Monte Carlo samples (``evaluate_elbo``). Returns the path of ``report.html``.
     """
     from gpzoo.analysis.compare import (  # noqa: PLC0415 - JAX-heavy
-        check_common_training_data, elbo_entry, elbo_estimates, submit_elbo_programs)
+        check_common_training_data, elbo_entry, elbo_estimates, loo_approximate, submit_elbo_programs)
     from gpzoo.analysis.datatree import datatree_and_elbo, submit_datatree_programs  # noqa: PLC0415
     from gpzoo.inference.compilation import AheadOfTime, idle_compile_workers  # noqa: PLC0415
     from gpzoo.inference.posterior import summaries_supported  # noqa: PLC0415
@@ -177,7 +177,7 @@ def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset
     check_common_training_data(results)
     out = _prepare_dir(out_dir)
     files = unique_file_stems(list(results))
-    static_figures, trees = {}, {}
+    static_figures, trees, loos = {}, {}, {}
     # models whose ELBO comes out of the DataTree's own pass over the training data (exact, one
     # program per chunk); the others' ELBO is estimated separately (Monte Carlo, sampled hyperparameters)
     separate = {name: res for name, res in results.items() if not summaries_supported(res)}
@@ -211,6 +211,7 @@ def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset
             if name not in estimates:
                 estimates[name] = elbo_entry(elbo, res.num_data)
             write_datatree(dt, out / "models" / f"{stem}.nc")
+            loos[name] = loo_approximate(dt)  # here, while the next model's program may still compile
             _write_json(out / "models" / f"{stem}.json", {
                 "model": name,
                 "spec_name": res.spec.name,
@@ -235,7 +236,7 @@ def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset
     if groups is not None:
         info["groups"] = {name: str(groups[name]) for name in results}
     _write_json(out / "report.json", info)
-    return _rebuild(out, trees)
+    return _rebuild(out, trees, loos)
 
 
 def _submit(submit, aot, tag, *args, **kwargs) -> None:
@@ -417,15 +418,16 @@ def rebuild_report(out_dir) -> Path:
     return _rebuild(Path(out_dir))
 
 
-def _rebuild(out: Path, trees: Mapping[str, xr.DataTree] | None = None) -> Path:
-    """:func:`rebuild_report`; ``trees`` are the DataTrees just written to ``out/models`` (not read back)."""
+def _rebuild(out: Path, trees: Mapping[str, xr.DataTree] | None = None, loos: Mapping | None = None) -> Path:
+    """:func:`rebuild_report`; ``trees`` are the DataTrees just written to ``out/models`` (not read back),
+    ``loos`` their PSIS-LOO results (``compare.loo_approximate``) where already computed."""
     from gpzoo.analysis.compare import (  # noqa: PLC0415
         compare_heldout, compare_loo, elbo_table, heldout_reversals, seed_reversals, seed_summary)
 
     info, trees, metrics = load_report(out, trees=trees)
     _prepare_dir(out)
     elbo = elbo_table({name: m["elbo"] for name, m in metrics.items()})
-    loo = compare_loo(trees)
+    loo = compare_loo(trees, loos=loos)
     heldout = compare_heldout(trees)
     test = {name: heldout_metrics(dt) for name, dt in trees.items()}
     table = comparison_table(elbo, loo, test, metrics, heldout)

@@ -13,10 +13,11 @@ import re
 import jax
 import matplotlib
 import numpy as np
+import pandas as pd
 import pytest
 import xarray as xr
 
-from gpzoo.analysis.compare import elbo_estimates, submit_elbo_programs
+from gpzoo.analysis.compare import compare_loo, elbo_estimates, loo_approximate, submit_elbo_programs
 from gpzoo.analysis.datatree import datatree_and_elbo, submit_datatree_programs, to_datatree
 from gpzoo.analysis.report import rebuild_report, report
 from gpzoo.inference.compilation import AheadOfTime
@@ -156,6 +157,11 @@ def test_one_pass_equals_sample_pointwise_predict_and_evaluate_elbo(saved):
     dt, estimate = datatree_and_elbo(res, X_test, y_test, num_draws=40, seed=0)
     assert estimate.elbo == pytest.approx(elbo.elbo, rel=tight) and estimate.stderr == 0.0
     assert _same_trees(to_datatree(res, X_test, y_test, num_draws=40, seed=0), dt)
+    # PSIS-LOO computed ahead (as report() does, model by model) ranks as computed in compare_loo
+    pd.testing.assert_frame_equal(compare_loo({"m": dt, "n": dt}, loos={"m": loo_approximate(dt)}),
+                                  compare_loo({"m": dt, "n": dt}))
+    with pytest.raises(InvalidArgumentError, match="loos"):
+        compare_loo({"m": dt}, loos={"other": loo_approximate(dt)})
     assert datatree_and_elbo(res, X_test, y_test, num_draws=40, include_train=False)[1] is None  # no training pass
 
 
