@@ -57,6 +57,7 @@ from gpzoo.inference.guides import InducingPosterior, InducingPrior
 from gpzoo.inference.inducing import InducingVariables, Kuu, check_inducing, initialise_inducing, register_initialiser
 from gpzoo.inference.linalg import cholesky_with_jitter
 from gpzoo.inference.svgp import F_SITE, INDUCING_SITE, KERNEL_SITE, LIKELIHOOD_SITE, MIN_CONDITIONAL_VARIANCE, SVGP, U_SITE, Y_SITE, Parts, has_prior
+from gpzoo.models import draws
 from gpzoo.models.errors import InvalidArgumentError
 from gpzoo.models.kernels.convolutional import image_dims
 from gpzoo.models.kernels.deep_convolutional import DeepConvolutional, layer_output_shape
@@ -247,9 +248,9 @@ class DeepConvSVGP(SVGP):
         for layer in parts.hidden:
             key, key_v, key_e = jax.random.split(key, 3)
             A, mean, residual = layer.moments(images)  # [B, P, M], [B, P, C], [B, P]
-            eps_v = jax.random.normal(key_v, (A.shape[0],) + layer.q_mu.shape, A.dtype)  # [B, C, M]
+            eps_v = draws.normal(key_v, (A.shape[0],) + layer.q_mu.shape, A.dtype)  # [B, C, M]
             v = layer.q_mu[None] + jnp.einsum("cij,bcj->bci", layer.q_sqrt, eps_v)  # [B, C, M]
-            eps = jax.random.normal(key_e, mean.shape, A.dtype)  # [B, P, C]
+            eps = draws.normal(key_e, mean.shape, A.dtype)  # [B, P, C]
             h = mean + jnp.einsum("bpm,bcm->bpc", A, v) + jnp.sqrt(residual)[..., None] * eps  # [B, P, C]
             images = layer.as_images(h)  # [B, H', W', C]
         return images.reshape(images.shape[0], -1)  # [B, D_L−1]

@@ -52,6 +52,7 @@ import optax
 import threadpoolctl
 from jax.scipy.linalg import cho_solve, solve_triangular
 
+from gpzoo.models import draws
 from gpzoo.models.errors import (
     InvalidArgumentError,
     NumericalError,
@@ -140,7 +141,7 @@ def wishart_skr(key, G_chol, gamma: int, jitter: float, train: bool = True):
     P = G_chol.shape[-1]
     if not train:
         return G_chol @ G_chol.T + jitter * jnp.eye(P, dtype=G_chol.dtype)  # [P, P]
-    return wishart_from_noise(G_chol, jax.random.normal(key, (P, gamma), G_chol.dtype), jitter)
+    return wishart_from_noise(G_chol, draws.normal(key, (P, gamma), G_chol.dtype), jitter)
 
 
 def wishart_from_noise(G_chol, noise, jitter: float):
@@ -162,7 +163,7 @@ def skr_noise_shapes(config: DKMConfig) -> tuple[tuple[int, int], ...]:
 def skr_noise(key, config: DKMConfig, dtype):
     """One standard-normal E_ℓ ``[P_ℓ, γ_ℓ]`` per Gram layer (the keys :func:`wishart_skr` would use)."""
     keys = jax.random.split(key, config.num_layers)
-    return tuple(jax.random.normal(k, shape, dtype) for k, shape in zip(keys, skr_noise_shapes(config)))
+    return tuple(draws.normal(k, shape, dtype) for k, shape in zip(keys, skr_noise_shapes(config)))
 
 
 def default_residual_tol(dtype) -> float:
@@ -445,7 +446,7 @@ def init_params(key, config: DKMConfig, X_init):
         rows = jax.random.choice(k_inducing, N, (P0,), replace=N < P0)
         inducing = X_init[rows]  # [P0, ν₀]
         if N < P0:  # duplicated rows would make the input Gram singular
-            inducing = inducing + 1e-3 * jax.random.normal(k_inducing, inducing.shape, dtype)
+            inducing = inducing + 1e-3 * draws.normal(k_inducing, inducing.shape, dtype)
         spatial = ()
     else:
         kh, kw = config.stem_patch_shape
@@ -456,7 +457,7 @@ def init_params(key, config: DKMConfig, X_init):
         r = jax.random.randint(kr, (P0,), 0, H)
         c = jax.random.randint(kc, (P0,), 0, W)
         inducing = jax.vmap(lambda i, a, b: jax.lax.dynamic_slice(padded[i], (a, b, 0), (kh, kw, X_init.shape[3])))(n, r, c)
-        inducing = inducing + 1e-2 * jax.random.normal(kn, inducing.shape, dtype)  # [P0, kh, kw, C], distinct
+        inducing = inducing + 1e-2 * draws.normal(kn, inducing.shape, dtype)  # [P0, kh, kw, C], distinct
         spatial = (H, W)
 
     zero = jnp.zeros((), dtype)
@@ -471,11 +472,11 @@ def init_params(key, config: DKMConfig, X_init):
         lp = {"log_scale": zero, "log_bias": log_bias, "V": jnp.zeros((P, P), dtype)}
         if config.architecture == "conv":
             kh, kw = spec.filter_shape
-            lp["mix"] = jax.random.normal(mix_keys[index], (kh, kw, P_in, P), dtype)
+            lp["mix"] = draws.normal(mix_keys[index], (kh, kw, P_in, P), dtype)
             shapes[index] = conv_output_shape(shapes[index - 1], spec.filter_shape, spec.stride)
         else:
             if P != P_in:
-                lp["mix"] = jax.random.normal(mix_keys[index], (P_in, P), dtype)
+                lp["mix"] = draws.normal(mix_keys[index], (P_in, P), dtype)
             shapes[index] = ()
         if spec.batch_norm:
             lp["bn_log_scale_inducing"] = zero
@@ -484,9 +485,9 @@ def init_params(key, config: DKMConfig, X_init):
             src = spec.skip_from
             if widths[src] != P or shapes[src] != shapes[index]:
                 if config.architecture == "conv":
-                    lp["skip_mix"] = jax.random.normal(skip_keys[index], (1, 1, widths[src], P), dtype)
+                    lp["skip_mix"] = draws.normal(skip_keys[index], (1, 1, widths[src], P), dtype)
                 else:
-                    lp["skip_mix"] = jax.random.normal(skip_keys[index], (widths[src], P), dtype)
+                    lp["skip_mix"] = draws.normal(skip_keys[index], (widths[src], P), dtype)
         widths[index] = P
         layers.append(lp)
 
@@ -495,7 +496,7 @@ def init_params(key, config: DKMConfig, X_init):
     P_out = P_last
     if config.architecture == "conv" and config.head == "flatten":
         H_L, W_L = shapes[config.num_layers - 1]
-        params["head_mix"] = jax.random.normal(k_head, (H_L, W_L, P_last, config.head_inducing), dtype)
+        params["head_mix"] = draws.normal(k_head, (H_L, W_L, P_last, config.head_inducing), dtype)
         P_out = config.head_inducing
     params["output"] = {
         "log_scale": zero,

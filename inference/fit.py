@@ -45,6 +45,7 @@ from gpzoo.inference.results import ElboEstimate, FitResult, Prediction
 from gpzoo.inference.runner import FitSettings
 from gpzoo.inference.svgp import SVGP
 from gpzoo.inference.svi import fit_svi
+from gpzoo.models import draws
 from gpzoo.models.errors import InvalidArgumentError, check_integer, check_seed
 from gpzoo.models.zoo import ModelSpec
 
@@ -200,7 +201,7 @@ def predict(res: FitResult, X_new, *, num_samples: int = 0, seed: int = 0, batch
     f_samples = None
     if num_samples > 0:
         key_s = jax.random.split(jax.random.PRNGKey(seed), 3)[1]
-        eps = np.asarray(jax.random.normal(key_s, (num_samples,) + f_mean.shape))
+        eps = np.asarray(draws.normal(key_s, (num_samples,) + f_mean.shape))
         f_samples = f_mean[None] + np.sqrt(np.maximum(f_var, 0.0))[None] * eps
     return Prediction(f_mean, f_var, y_mean, y_var, probs, f_samples)
 

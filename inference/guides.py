@@ -27,6 +27,7 @@ from numpyro.distributions import constraints
 from numpyro.distributions.kl import kl_divergence
 
 from gpzoo.inference.linalg import block_solve
+from gpzoo.models import draws
 
 __all__ = [
     "COVARIANCE_STRUCTURES",
@@ -115,7 +116,7 @@ class InducingPosterior(dist.Distribution):
         super().__init__(batch_shape=(), event_shape=q_mu.shape, validate_args=validate_args)
 
     def sample(self, key, sample_shape=()):
-        eps = jax.random.normal(key, sample_shape + self.q_mu.shape, self.q_mu.dtype)  # [..., L, GM]
+        eps = draws.normal(key, sample_shape + self.q_mu.shape, self.q_mu.dtype)  # [..., L, GM]
         chol = sqrt_dense(self.q_sqrt, self.structure)  # [L, GM, GM]
         return self.q_mu + jnp.einsum("lij,...lj->...li", chol, eps)
 
@@ -148,7 +149,7 @@ class InducingPrior(dist.Distribution):
         super().__init__(batch_shape=(), event_shape=(num_latent, G * M), validate_args=validate_args)
 
     def sample(self, key, sample_shape=()):
-        eps = jax.random.normal(key, sample_shape + self.event_shape, self.Luu.dtype)
+        eps = draws.normal(key, sample_shape + self.event_shape, self.Luu.dtype)
         if self.whiten:
             return eps
         return blockdiag_matvec(self.Luu, eps)

@@ -66,6 +66,7 @@ from gpzoo.inference.guides import conditional, sqrt_times
 from gpzoo.inference.inducing import BaseInducingPoints
 from gpzoo.inference.polya_gamma import PolyaGamma, optimal_c, pg_logistic_bound
 from gpzoo.inference.svgp import SVGP, Parts
+from gpzoo.models import draws
 from gpzoo.models.errors import InvalidArgumentError
 from gpzoo.models.kernels.invariant import InvariantKernel, pair_sum
 from gpzoo.models.likelihoods import Bernoulli
@@ -251,7 +252,7 @@ class InvariantSVGP(SVGP):
         for i, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:])):
             last = i == len(widths) - 2
             W0 = jnp.zeros((fan_in, fan_out), dtype) if last else (
-                jax.random.normal(keys[i], (fan_in, fan_out), dtype) * math.sqrt(2.0 / (fan_in + fan_out)))
+                draws.normal(keys[i], (fan_in, fan_out), dtype) * math.sqrt(2.0 / (fan_in + fan_out)))
             b0 = jnp.full((fan_out,), _SOFTPLUS_INV_ONE if last else 0.0, dtype)
             params[f"W{i}"] = numpyro.param(f"{RECOGNITION_SITE}.W{i}", W0)  # [fan_in, fan_out]
             params[f"b{i}"] = numpyro.param(f"{RECOGNITION_SITE}.b{i}", b0)  # [fan_out]

@@ -26,10 +26,10 @@ from numpyro.handlers import condition, seed, substitute, trace
 
 from gpzoo.inference.compilation import AheadOfTime, adaptive_jit
 from gpzoo.inference.data import check_new_inputs
+from gpzoo.inference.guides import blockdiag_matvec, blockdiag_solve
 from gpzoo.inference.linalg import float_dtype
 from gpzoo.inference.results import FitResult
-
-from gpzoo.inference.guides import blockdiag_matvec, blockdiag_solve
+from gpzoo.models import draws
 from gpzoo.models.errors import InvalidArgumentError, ShapeError
 
 __all__ = ["InducingDraws", "PointwiseDraws", "Summaries", "conditional_given_u", "draws_and_summaries", "pointwise_given_u",
@@ -270,11 +270,11 @@ def _replicate(likelihood, mean, var, key):
         probs = likelihood.predict_probs(mean, var, key=key_f)  # [n, C]
         return jax.random.categorical(key_y, jnp.log(jnp.maximum(probs, 0.0)), axis=-1)
     if task == "count":
-        f = mean + jnp.sqrt(var) * jax.random.normal(key_f, mean.shape, mean.dtype)  # [n, 1]
+        f = mean + jnp.sqrt(var) * draws.normal(key_f, mean.shape, mean.dtype)  # [n, 1]
         rate, _ = likelihood.predict_mean_and_var(f, jnp.zeros_like(f))  # E[y | f]
         return jax.random.poisson(key_y, rate[:, 0])
     y_mean, y_var = likelihood.predict_mean_and_var(mean, var)  # [n, 1]
-    return y_mean[:, 0] + jnp.sqrt(y_var[:, 0]) * jax.random.normal(key_y, y_mean.shape[:1], y_mean.dtype)
+    return y_mean[:, 0] + jnp.sqrt(y_var[:, 0]) * draws.normal(key_y, y_mean.shape[:1], y_mean.dtype)
 
 def _pointwise_values(family, params, hyper, u, Xc, yc, key):
     """log p(y_n | u_s) ``[S, n]`` and replicates ``[S, n]`` for one chunk of inputs (traced by the programs below)."""

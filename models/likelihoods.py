@@ -48,6 +48,7 @@ import numpyro.distributions as dist
 from jax.scipy.special import ndtr
 from numpyro.distributions import constraints
 
+from gpzoo.models import draws
 from gpzoo.models.errors import DataError, HyperparameterError, InvalidArgumentError, as_float_array, is_concrete
 from gpzoo.models.parameters import Fixed, Parameterised, hyper, pytree_dataclass, static
 
@@ -417,7 +418,7 @@ class Softmax(_Categorical):
 
     def _log_softmax_samples(self, mean, var, key):
         """log softmax(f^(s)) for S reparameterised draws: mean/var [N, C] -> [S, N, C]."""
-        eps = jax.random.normal(key, (self.num_mc_samples, *mean.shape), jnp.result_type(mean, var, jnp.float32))
+        eps = draws.normal(key, (self.num_mc_samples, *mean.shape), jnp.result_type(mean, var, jnp.float32))
         return jax.nn.log_softmax(mean + jnp.sqrt(var) * eps, axis=-1)
 
     @staticmethod
@@ -582,7 +583,7 @@ class OneHotNormal(dist.Distribution):
         return constraints.integer_interval(0, self.f.shape[-1] - 1)
 
     def sample(self, key, sample_shape=()):
-        noisy = self.f + self.scale * jax.random.normal(key, sample_shape + self.f.shape, self.f.dtype)  # [..., N, C]
+        noisy = self.f + self.scale * draws.normal(key, sample_shape + self.f.shape, self.f.dtype)  # [..., N, C]
         return jnp.argmax(noisy, axis=-1)
 
     def log_prob(self, value):

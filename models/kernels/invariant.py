@@ -41,6 +41,7 @@ import numpy as np
 from jax.scipy.ndimage import map_coordinates
 from numpyro.distributions import constraints
 
+from gpzoo.models import draws
 from gpzoo.models.errors import HyperparameterError, InvalidArgumentError, ShapeError, as_int_pair
 from gpzoo.models.kernels.base import Kernel, hyper, kernel_class, static
 from gpzoo.models.kernels.symmetry import FiniteGroup, PermutationGroup
@@ -212,7 +213,7 @@ def warp_images(X, source, image_shape):
 def _uniform(key, lower, upper, num_samples):
     """φ = φ_min + (φ_max − φ_min) u, u ~ U(0, 1): reparameterised draws ``[S, P]``."""
     lower, upper = jnp.asarray(lower), jnp.asarray(upper)  # [P]
-    u = jax.random.uniform(key, (num_samples,) + lower.shape, dtype=jnp.result_type(lower, upper, float))  # [S, P]
+    u = draws.uniform(key, (num_samples,) + lower.shape, dtype=jnp.result_type(lower, upper, float))  # [S, P]
     return lower + (upper - lower) * u  # [S, P]
 
 
@@ -282,7 +283,7 @@ class RotationAugmentation(ImageAugmentation):
     num_samples: int = static(8)
 
     def source_grid(self, key, dtype):
-        u = jax.random.uniform(key, (self.num_samples,), dtype=dtype)  # [S]
+        u = draws.uniform(key, (self.num_samples,), dtype=dtype)  # [S]
         angle = self.max_angle * (2.0 * u - 1.0)  # [S] degrees
         matrix = _rotation(-jnp.deg2rad(angle))  # [S, 2, 2]: output p shows the input at R(−φ) p
         return _apply_affine(matrix, jnp.zeros((self.num_samples, 2), dtype), _image_grid(self.image_shape, dtype))  # [S, 2, H, W]
@@ -381,11 +382,11 @@ class LocalDeformation(ImageAugmentation):
     def source_grid(self, key, dtype):
         key_field, key_affine = jax.random.split(key)
         S, (H, W) = self.num_samples, self.image_shape
-        noise = jax.random.normal(key_field, (S, 2, H, W), dtype)  # [S, 2, H, W]
+        noise = draws.normal(key_field, (S, 2, H, W), dtype)  # [S, 2, H, W]
         field = jnp.einsum("hk,sckl,wl->schw", _gaussian_smoother(H, self.smoothness, dtype), noise,
                            _gaussian_smoother(W, self.smoothness, dtype))  # [S, 2, H, W]
         field = field / jnp.sqrt(jnp.mean(field**2, axis=(2, 3), keepdims=True) + 1e-12)  # [S, 2, H, W] unit RMS
-        u = 2.0 * jax.random.uniform(key_affine, (S, 4), dtype) - 1.0  # [S, 4] in (−1, 1)
+        u = 2.0 * draws.uniform(key_affine, (S, 4), dtype) - 1.0  # [S, 4] in (−1, 1)
         zeros = jnp.zeros((S,), dtype)  # [S]
         phi = jnp.stack([self.max_angle * u[:, 0], self.max_log_scale * u[:, 1], self.max_log_scale * u[:, 2],
                          self.max_shear * u[:, 3], zeros, zeros], axis=-1)  # [S, 6]
