@@ -58,6 +58,16 @@ class FitTaskError(GPZooError, RuntimeError):
     """One or more fits of a comparison failed (each named, with its error); the others were saved."""
 
 
+def _same_spec(a, b) -> bool:
+    """Whether two tasks fit the same model (a spec without a usable ``==`` is a model of its own)."""
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - e.g. array-valued fields: not comparable, so not the same model
+        return False
+
+
 class Dispatcher:
     """Which task a free worker runs next, so that a model's programs compile once per run.
 
@@ -71,21 +81,14 @@ class Dispatcher:
 
     def __init__(self, tasks: Sequence[FitTask]):
         self._waiting = list(tasks)
-        self._models: list[object] = []  # one spec per model, in order of first appearance
+        self._model_of: dict[str, int] = {}  # task name -> its model's index, tasks of equal specs sharing one
+        specs: list[object] = []
+        for task in self._waiting:
+            self._model_of[task.name] = next((index for index, spec in enumerate(specs) if _same_spec(spec, task.spec)), len(specs))
+            if self._model_of[task.name] == len(specs):
+                specs.append(task.spec)
         self._started: set[int] = set()
         self._finished: set[int] = set()
-
-    def _model(self, task: FitTask) -> int:
-        for index, spec in enumerate(self._models):
-            if spec is task.spec:
-                return index
-            try:
-                if spec == task.spec:
-                    return index
-            except Exception:  # noqa: BLE001,S112 - a spec without a usable == is a model of its own
-                continue
-        self._models.append(task.spec)
-        return len(self._models) - 1
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -94,7 +97,7 @@ class Dispatcher:
         """The task a free worker should run now (taken off the queue); None when none waits."""
         if not self._waiting:
             return None
-        models = [self._model(task) for task in self._waiting]
+        models = [self._model_of[task.name] for task in self._waiting]
         for wanted in (lambda m: m in self._finished, lambda m: m not in self._started, lambda m: True):
             for position, model in enumerate(models):
                 if wanted(model):
@@ -104,7 +107,7 @@ class Dispatcher:
 
     def finished(self, task: FitTask) -> None:
         """``task`` has finished: its model's programs are compiled."""
-        self._finished.add(self._model(task))
+        self._finished.add(self._model_of[task.name])
 
     def retry(self, task: FitTask) -> None:
         """Put ``task`` back, first in line."""
