@@ -32,6 +32,7 @@ from gpzoo.models.kernels.gram import (
     conv_mix,
     linear_input_gram,
     normalised_gaussian_kernel,
+    patch_input_gram,
     squared_exponential_kernel,
 )
 from gpzoo.models.likelihoods import Softmax
@@ -85,6 +86,32 @@ def test_normalised_gaussian_is_psd_and_preserves_diagonal():
     np.testing.assert_allclose(blocks.t, jnp.diagonal(G)[5:], rtol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_normalised_gaussian_gradients_match_autodiff_of_the_formula(dtype):
+    """The train/test block's hand-written VJP equals autodiff of √(g_t g_i)·exp(clip(cos) − 1),
+    also where the cosine is clipped (|G_ti| > √(g_t g_i)) and through g_t, g_i."""
+    rng = np.random.default_rng(12)
+    P, B, S = 4, 3, 2
+    ii = jnp.asarray(_joint_gram(rng, P, dim=6), dtype)
+    ti = jnp.asarray(rng.normal(size=(B, S, S, P)), dtype).at[0, 0, 0, 0].set(9.0)  # a clipped cosine
+    t = jnp.asarray(rng.uniform(0.5, 2.0, size=(B, S, S)), dtype)
+    W = jnp.asarray(rng.normal(size=(B, S, S, P)), dtype)
+
+    def formula(ii, ti, t):
+        n = jnp.sqrt(t)[..., None] * jnp.sqrt(jnp.diagonal(ii))
+        return jnp.sum(W * (1.3 * n * jnp.exp(jnp.clip(ti / n, -1.0, 1.0) - 1.0) + 0.2))
+
+    def library(ii, ti, t):
+        return jnp.sum(W * normalised_gaussian_kernel(GramBlocks(ii, ti, t), 1.3, 0.2).ti)
+
+    tol = 1e-12 if dtype == jnp.float64 else 2e-5
+    np.testing.assert_allclose(library(ii, ti, t), formula(ii, ti, t), rtol=tol)
+    for a, b in zip(jax.grad(library, argnums=(0, 1, 2))(ii, ti, t), jax.grad(formula, argnums=(0, 1, 2))(ii, ti, t)):
+        assert a.dtype == dtype
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+    assert float(jax.grad(library, argnums=1)(ii, ti, t)[0, 0, 0, 0]) == 0.0  # clipped: no gradient through G_ti
+
+
 def test_squared_exponential_kernel_is_the_se_kernel_of_the_features():
     rng = np.random.default_rng(11)
     F = rng.normal(size=(9, 3))  # features whose Gram matrix is G
@@ -127,6 +154,21 @@ def test_conv_mix_equals_explicit_patch_sum_with_padding_and_stride():
     np.testing.assert_allclose(K.t, t, rtol=1e-12)
     np.testing.assert_allclose(K.ii, ii, rtol=1e-12)
     assert jnp.linalg.eigvalsh(K.ii).min() > -1e-10
+
+
+def test_patch_input_gram_equals_explicit_patch_inner_products():
+    rng = np.random.default_rng(13)
+    B, H, W, C, P = 2, 5, 4, 2, 3
+    X = jnp.asarray(rng.normal(size=(B, H, W, C)))
+    Z = jnp.asarray(rng.normal(size=(P, 3, 3, C)))
+    G = patch_input_gram(Z, X)
+    padded = np.pad(np.asarray(X), ((0, 0), (1, 1), (1, 1), (0, 0)))  # zero padding ("same")
+    patches = np.stack([np.stack([padded[:, r:r + 3, c:c + 3, :].reshape(B, -1) for c in range(W)], 1)
+                        for r in range(H)], 1)  # [B, H, W, 9C]
+    Zf = np.asarray(Z).reshape(P, -1)
+    np.testing.assert_allclose(G.ti, patches @ Zf.T / (9 * C), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(G.t, np.sum(patches**2, -1) / (9 * C), rtol=1e-12)
+    np.testing.assert_allclose(G.ii, Zf @ Zf.T / (9 * C), rtol=1e-12)
 
 
 # --------------------------------------------------------------------------- Nyström, SKR, KL
