@@ -60,16 +60,17 @@ class ReportError(GPZooError, OSError):
 
 # ----------------------------------------------------------------------------- files
 def netcdf_engine() -> str:
-    """``"h5netcdf"`` when its HDF5 backend (h5py) is importable, else the ``"netcdf4"`` engine.
+    """``"netcdf4"`` (the netCDF C library) when netCDF4 is importable, else ``"h5netcdf"``.
 
-    Both write the same netCDF-4/HDF5 files; h5netcdf is preferred, netCDF4 keeps reports working
-    where h5py is not installed.
+    Both write the same netCDF-4/HDF5 files. The C library writes a report's DataTree (11 groups,
+    22 variables) in about 0.06 s of CPU against 0.4 s for h5netcdf, whose per-variable Python
+    overhead dominated; h5netcdf keeps reports working where netCDF4 is not installed.
     """
     try:
-        import h5py  # noqa: F401, PLC0415 - availability probe only
+        import netCDF4  # noqa: F401, PLC0415 - availability probe only
     except ImportError:
-        return "netcdf4"
-    return "h5netcdf"
+        return "h5netcdf"
+    return "netcdf4"
 
 
 def write_datatree(dt: xr.DataTree, path) -> Path:

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
 
+from gpzoo.inference.compilation import QUICK_COMPILE_OPTIONS
 from gpzoo.inference.data import check_new_inputs, row_slices
 from gpzoo.inference.linalg import float_dtype
 from gpzoo.inference.results import FitResult
@@ -143,22 +145,37 @@ class InducingPatchOutputs:
 
 
 def inducing_patch_outputs(res: FitResult) -> InducingPatchOutputs:
-    """The fitted model's inducing patches with E_q[u] (u = Luu v when whitened)."""
-    parts = _realised_parts(res)
-    L = parts.q_mu.shape[0]
-    offset, found = 0, None
-    for _, kernel, inducing in _pieces(parts.kernel, parts.inducing):
-        G = int(Kuu(inducing, kernel).shape[0])
-        if isinstance(inducing, InducingPatches) and found is None:
-            found = (kernel, inducing, offset, G)
-        offset += G
-    if found is None:
+    """The fitted model's inducing patches with E_q[u] (u = Luu v when whitened).
+
+    Computed by one jit-compiled program (quick build: it runs once), not operation by operation:
+    eagerly, each of the dozens of small operations (Kuu, its Cholesky with jitter, the product)
+    compiled on its own, about a second for a conv model.
+    """
+    found = {}
+
+    def outputs_and_patches(params):
+        with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=res.seed):
+            parts = res.family.parts()
+        L = parts.q_mu.shape[0]
+        offset = 0
+        for _, kernel, inducing in _pieces(parts.kernel, parts.inducing):
+            G = int(Kuu(inducing, kernel).shape[0])
+            if isinstance(inducing, InducingPatches) and not found:
+                found.update(kernel=kernel, num_inducing=inducing.num_inducing, start=offset, groups=G, Z=inducing.Z)
+            offset += G
+        if not found:
+            return None
+        M = found["num_inducing"]
+        q_mu = parts.q_mu.reshape(L, offset, M)  # [L, G_total, M]
+        u = q_mu if not res.spec.whiten else jnp.einsum("gij,lgj->lgi", parts.Luu, q_mu)  # [L, G_total, M]
+        return u[:, found["start"] : found["start"] + found["groups"]], found["Z"]  # [L, G, M], [M, E]
+
+    computed = jax.jit(outputs_and_patches, compiler_options=QUICK_COMPILE_OPTIONS)(res.params)
+    if computed is None:
         raise InvalidArgumentError("res", f"model {res.spec.name!r} has no inducing patches")
-    kernel, inducing, start, G = found
-    M = inducing.num_inducing
-    q_mu = parts.q_mu.reshape(L, offset, M)  # [L, G_total, M]
-    u = q_mu if not res.spec.whiten else jnp.einsum("gij,lgj->lgi", parts.Luu, q_mu)  # [L, G_total, M]
-    outputs = np.moveaxis(np.asarray(u[:, start : start + G]), 0, -1)  # [G, M, L]
+    u, Z = computed
+    kernel, M = found["kernel"], found["num_inducing"]
+    outputs = np.moveaxis(np.asarray(u), 0, -1)  # [G, M, L]
     h, w = kernel.patch_shape
-    patches = np.asarray(inducing.Z).reshape(M, h, w, kernel.patch_channels)  # [M, h, w, c]
+    patches = np.asarray(Z).reshape(M, h, w, kernel.patch_channels)  # [M, h, w, c]
     return InducingPatchOutputs(patches=patches, outputs=outputs)
