@@ -41,3 +41,37 @@ def compared_report(tmp_path_factory):
     models = ["svgp-rbf"] + [m for m in ("conv",) if m in zoo.names()]
     code = main(["compare", "--data", "rectangles", "--models", ",".join(models), "--out", str(out), *TINY_CLI])
     return code, out, models
+
+
+# ----------------------------------------------------------------------------- order and distribution
+#: Modules whose tests take the longest in all (approximate seconds on 2 busy cores), run first so that
+#: the suite does not end with one test worker busy alone; the other modules follow in collection order.
+SLOW_MODULES = {
+    "test_backends.py": 150, "test_convolutional.py": 150, "test_benchmarks_smoke.py": 60, "test_datatree.py": 50,
+    "test_parallel.py": 36, "test_memmap.py": 30, "test_pg_natgrad.py": 30, "test_compare.py": 28,
+    "test_invariant.py": 25, "test_svgp.py": 25, "test_dkm_family.py": 24, "test_io.py": 19, "test_report_browser.py": 17,
+    "test_deep_conv.py": 17,
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules of :data:`SLOW_MODULES` first, longest first; a module's tests stay together and in order."""
+    def cost(item):
+        return -SLOW_MODULES.get(item.path.name, 0)
+
+    items[:] = sorted(items, key=cost)  # stable: collection order within a module and among the others
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``-n N`` (``--dist load``) hands out whole modules, in the order above, to the test workers.
+
+    Modules share expensive fixtures (fitted models, a Ray instance, the compared report), which a
+    worker then sets up once; tests one at a time would set them up on every worker. Other
+    ``--dist`` modes are pytest-xdist's own."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadFileScheduling  # noqa: PLC0415 - only under pytest-xdist
+
+    config.option.loadscopereorder = False  # keep the order of pytest_collection_modifyitems
+    return LoadFileScheduling(config, log)
