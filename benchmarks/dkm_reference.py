@@ -84,6 +84,15 @@ def build(config: str, repo: str):
     return torch, step
 
 
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process (``VmHWM``: not inherited from the parent across fork + exec)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", required=True)
@@ -101,8 +110,7 @@ def main(argv=None):
         for _ in range(args.steps):
             objective = step()
         repeats.append((time.perf_counter() - t0) / args.steps)
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"config": args.config, "repeats_s": repeats, "peak_rss_bytes": peak_kib * 1024,
+    print(json.dumps({"config": args.config, "repeats_s": repeats, "peak_rss_bytes": peak_rss_bytes(),
                       "torch": torch.__version__, "threads": torch.get_num_threads(),
                       "finite_objective": math.isfinite(objective)}))
 
