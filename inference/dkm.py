@@ -654,8 +654,11 @@ def compiled_train_step(config: DKMConfig, num_data: int, batch_size: int, b1: f
     @jax.jit
     def step(p, state, k, X, y, nu, learning_rate):
         k_batch, k_obj = jax.random.split(k)
-        idx = jax.random.permutation(k_batch, num_data)[:batch_size]  # [B]
-        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, X[idx], y[idx], k_obj, nu)
+        if batch_size < num_data:
+            idx = jax.random.permutation(k_batch, num_data)[:batch_size]  # [B]
+            X, y = X[idx], y[idx]
+        # full batch: the objective is a sum over all points, so no permutation (a sort) and no gather
+        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, X, y, k_obj, nu)
         leaves_finite = [jnp.all(jnp.isfinite(g)) for g in jax.tree_util.tree_leaves(grads)]
         checks_ok = [c["chol_ok"] & c["residual_ok"] for c in aux["checks"].values()]
         ok = jnp.isfinite(loss) & jnp.all(jnp.stack(leaves_finite)) & jnp.all(jnp.stack(checks_ok))
