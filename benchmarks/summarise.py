@@ -353,7 +353,7 @@ def _reproduce_dkm(report: dict) -> list[str]:
 def _dkm_step(report: dict) -> list[str]:
     if "configs" not in report:  # the first layout: the conv step only
         return _dkm_step_config("conv", report, report)
-    lines = [f"Median of {report.get('repeats')} interleaved repeats of {report.get('steps_per_repeat')} steps each; load average "
+    lines = ["", f"Median of {report.get('repeats')} interleaved repeats of {report.get('steps_per_repeat')} steps each; load average "
              f"{num(report['machine']['load_average_start'][0])} at the start, "
              f"{num(report['machine'].get('load_average_end', [None])[0])} at the end (2 shared cores)."]
     for name, cfg in report["configs"].items():
