@@ -47,15 +47,19 @@ def _ray_module():
         _restore(state)
 
 
+def _shared_ray(ray):
+    if not ray.is_initialized():
+        state = _signals()
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        _restore(state)
+    return ray
+
+
 @pytest.fixture
 def local_ray(_ray_module):
     """One local 2-CPU Ray instance shared by this module's Ray tests (the backend leaves a running
     instance running); this process's signal handlers and mask are restored after its start."""
-    if not _ray_module.is_initialized():
-        state = _signals()
-        _ray_module.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-        _restore(state)
-    return _ray_module
+    return _shared_ray(_ray_module)
 
 
 def _svgp_tasks(tmp_path, seeds, *, input_dim=2):
@@ -237,39 +241,50 @@ def test_ray_api_equals_sequential_api_bit_for_bit(tmp_path, local_ray):
         np.testing.assert_array_equal(res.params["q_mu"], again.results[key].params["q_mu"])
 
 
-def test_a_failing_ray_task_is_named_and_the_others_are_kept(tmp_path, local_ray):
-    X, y = _xy()
-    good = _svgp_tasks(tmp_path, [0])[0]
-    bad = _svgp_tasks(tmp_path / "b", [0], input_dim=3)[0]  # 3 lengthscales, 2 columns
-    bad = FitTask("bad", bad.spec, 0, tmp_path / "bad", tmp_path / "ck" / "bad")
-    done = []
-    with pytest.raises(FitTaskError, match="bad: HyperparameterError") as failure:
-        run_fits([good, bad], X, y, FitOptions(steps=3, batch_size=10, learning_rate=0.05), backend="ray",
-                 on_done=lambda task: done.append(task.name))
-    assert "svgp seed 0" not in str(failure.value).split("failed", 1)[1]
-    assert done == ["svgp seed 0"] and (good.saved / "model.json").is_file() and not bad.saved.exists()
-    assert (tmp_path / "ck" / COMPILE_CACHE).is_dir()  # the run stopped early: its cache is kept for --resume
-
-
-def test_a_task_whose_actor_dies_is_retried_on_a_fresh_actor(tmp_path, local_ray):
-    """The worker process of the only actor is killed after its first fit: the next task, sent to
-    the dead actor, runs again on a fresh one and the run completes."""
+@pytest.fixture(scope="module")
+def troubled_ray_run(tmp_path_factory, _ray_module):
+    """One Ray run with troubles: two good svgp fits and one that fails (3 lengthscales, 2 columns)
+    on the only actor (2 CPUs per fit), whose worker process is killed after the first fit.
+    Returns (the tasks, the FitTaskError raised, what on_done saw: the killed pid, then task names)."""
     import psutil  # noqa: PLC0415 - a dependency of Ray
 
+    _shared_ray(_ray_module)
+    tmp_path = tmp_path_factory.mktemp("troubled")
     X, y = _xy()
-    tasks = _svgp_tasks(tmp_path, [0, 1])
-    killed = []
+    good = _svgp_tasks(tmp_path, [0, 1])
+    bad = _svgp_tasks(tmp_path / "b", [0], input_dim=3)[0]
+    bad = FitTask("bad", bad.spec, 0, tmp_path / "bad", tmp_path / "ck" / "bad")
+    done = []
 
     def kill_the_actor(task):
-        if not killed:
+        if not done:
             actors = [p for p in psutil.process_iter(["cmdline"]) if "FitActor" in " ".join(p.info["cmdline"] or [])]
             assert len(actors) == 1
             os.kill(actors[0].pid, signal.SIGKILL)
             actors[0].wait(timeout=30)
-            killed.append(actors[0].pid)
-        killed.append(task.name)
+            done.append(actors[0].pid)
+        done.append(task.name)
 
-    run_fits(tasks, X, y, FitOptions(steps=3, batch_size=10, learning_rate=0.05), backend="ray", cpus_per_fit=2,
-             on_done=kill_the_actor)
-    assert killed[1:] == ["svgp seed 0", "svgp seed 1"]
-    assert all((task.saved / "model.json").is_file() for task in tasks)
+    with pytest.raises(FitTaskError) as failure:
+        run_fits([*good, bad], X, y, FitOptions(steps=3, batch_size=10, learning_rate=0.05), backend="ray",
+                 cpus_per_fit=2, on_done=kill_the_actor)
+    return tmp_path, good, bad, failure.value, done
+
+
+def test_a_failing_ray_task_is_named_and_the_others_are_kept(troubled_ray_run):
+    tmp_path, good, bad, failure, done = troubled_ray_run
+    assert str(failure).startswith("1 of 3 fit(s) failed twice on Ray")
+    assert "bad: HyperparameterError" in str(failure)
+    assert "svgp seed" not in str(failure).split("failed", 1)[1]
+    assert done[1:] == ["svgp seed 0", "svgp seed 1"] and not bad.saved.exists()
+    assert all((task.saved / "model.json").is_file() for task in good)
+    assert (tmp_path / "ck" / COMPILE_CACHE).is_dir()  # the run stopped early: its cache is kept for --resume
+
+
+def test_a_task_whose_actor_dies_is_retried_on_a_fresh_actor(troubled_ray_run):
+    """The worker process of the only actor is killed after its first fit: the next task, sent to
+    the dead actor, runs again on a fresh one, and so do the tasks after it (the same run as above)."""
+    _, good, _, _, done = troubled_ray_run
+    assert isinstance(done[0], int)  # the killed worker's pid: the kill came after the first fit
+    assert done[1:] == ["svgp seed 0", "svgp seed 1"]
+    assert all((task.saved / "model.json").is_file() for task in good)
