@@ -33,13 +33,31 @@ TINY_CLI = ["--steps", "8", "--batch-size", "20", "--num-train", "40", "--num-te
 @pytest.fixture(scope="session")
 def compared_report(tmp_path_factory):
     """`gpzoo compare` on 40 rectangles with svgp-rbf and conv: (exit code, report directory, models).
-    Shared by the CLI and browser tests (one run per test worker)."""
+    Shared by the CLI and browser tests: one run per test session, made by the first test worker
+    that asks (the others wait for it); each worker gets its own copy of the directory to change."""
+    import fcntl  # noqa: PLC0415
+    import json  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+
     from gpzoo.analysis.cli import main  # noqa: PLC0415
     from gpzoo.models import zoo  # noqa: PLC0415
 
-    out = tmp_path_factory.mktemp("report") / "rectangles"
     models = ["svgp-rbf"] + [m for m in ("conv",) if m in zoo.names()]
-    code = main(["compare", "--data", "rectangles", "--models", ",".join(models), "--out", str(out), *TINY_CLI])
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the folder of this run that holds every worker's basetemp
+    shared = root / "compared-report"
+    shared.mkdir(exist_ok=True)
+    with open(shared / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        if not (shared / "exit.json").exists():
+            code = main(["compare", "--data", "rectangles", "--models", ",".join(models), "--out", str(shared / "rectangles"),
+                         *TINY_CLI])
+            (shared / "exit.json").write_text(json.dumps(code))
+        code = json.loads((shared / "exit.json").read_text())
+    out = tmp_path_factory.mktemp("report") / "rectangles"
+    shutil.copytree(shared / "rectangles", out)
     return code, out, models
 
 
