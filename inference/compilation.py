@@ -41,6 +41,8 @@ import time
 
 import jax
 
+from gpzoo.models.kernels.convolutional import few_calls
+
 __all__ = ["QUICK_COMPILE_OPTIONS", "QUICK_MAX_CALLS", "AdaptiveJit", "AheadOfTime", "adaptive_jit", "idle_compile_workers", "idle_cores"]
 
 _log = logging.getLogger(__name__)
@@ -53,11 +55,13 @@ QUICK_MAX_CALLS = 8
 
 class AdaptiveJit:
     """``fun`` jitted with XLA's default optimisation (:attr:`optimised`, also what a plain call
-    runs) and without backend optimisation (:attr:`quick`); :meth:`for_calls` chooses."""
+    runs) and without backend optimisation (:attr:`quick`); :meth:`for_calls` chooses. The quick
+    build is traced under :func:`gpzoo.models.kernels.convolutional.few_calls` (kernels choose
+    the paths whose programs compile fastest)."""
 
     def __init__(self, fun, **jit_kwargs):
         self.optimised = jax.jit(fun, **jit_kwargs)
-        self.quick = jax.jit(fun, compiler_options=QUICK_COMPILE_OPTIONS, **jit_kwargs)
+        self.quick = jax.jit(_traced_for_few_calls(fun), compiler_options=QUICK_COMPILE_OPTIONS, **jit_kwargs)
         functools.update_wrapper(self, fun)
 
     def __call__(self, *args, **kwargs):
@@ -68,6 +72,15 @@ class AdaptiveJit:
         if calls <= QUICK_MAX_CALLS and jax.default_backend() == "cpu":
             return self.quick
         return self.optimised
+
+
+def _traced_for_few_calls(fun):
+    @functools.wraps(fun)
+    def traced(*args, **kwargs):
+        with few_calls():
+            return fun(*args, **kwargs)
+
+    return traced
 
 
 def adaptive_jit(fun=None, **jit_kwargs):
