@@ -443,8 +443,8 @@ def _fit_and_report(args, model_names: list[str], out) -> int:
                           "and a running one has a checkpoint: rerun the same command with --resume to continue") from None
     path = result.report_path
     _print_summary(path.parent, out, summary_columns)
-    print(f"fitted {len(result.results)} model(s) in {result.fit_seconds:.1f} s, report in {result.report_seconds:.1f} s; "
-          f"report: {path}", file=out)
+    print(f"fitted {len(result.results)} model(s) in {result.fit_seconds:.1f} s, report in {result.report_seconds:.1f} s "
+          f"(CPU time {result.fit_cpu_seconds:.1f} s and {result.report_cpu_seconds:.1f} s); report: {path}", file=out)
     if args.save_models:
         print(f"saved models: {args.out / 'models'}/NAME (gpzoo predict --model ...)", file=out)
     return 0

@@ -54,7 +54,9 @@ class Comparison:
     DataFrame indexed by run name: the model's name for a single seed, ``"MODEL seed S"`` for
     several) with ELBO, held-out and PSIS-LOO metrics, also written as ``comparison.csv``;
     ``runs``: ``{run name: (model, seed)}``; ``report_path``: ``report.html`` when ``out`` was
-    given, else None; ``fit_seconds`` / ``report_seconds``: wall time of the fits and of the report.
+    given, else None; ``fit_seconds`` / ``report_seconds``: wall time of the fits and of the report;
+    ``fit_cpu_seconds`` / ``report_cpu_seconds``: this process's CPU time (all its threads) in each
+    (on a shared machine a steadier measure of their cost than wall time; Ray actors' CPU is not in it).
     """
 
     results: dict[tuple[str, int], object]
@@ -63,6 +65,8 @@ class Comparison:
     report_path: Path | None
     fit_seconds: float
     report_seconds: float
+    fit_cpu_seconds: float = 0.0
+    report_cpu_seconds: float = 0.0
 
     def __getitem__(self, key):
         """``cmp["svgp-rbf", 0]`` or, with one seed, ``cmp["svgp-rbf"]``: that fit's FitResult."""
@@ -171,13 +175,13 @@ def fit_and_report(*, dataset, X_train, y_train, X_test, y_test, specs: Mapping[
         if log and backend != "sequential":
             log(f"{task.name}: fitted ({len(finished)}/{len(runs)})")
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     try:
         run_fits(tasks, X_train, y_train, options, backend=backend, on_done=done, **backend_options)
     except KeyboardInterrupt:
         raise FitsInterrupted(list(finished), out / "models") from None
     loaded = {name: load(out / "models" / stems[name]) for name in runs}
-    fit_seconds = time.perf_counter() - t0
+    fit_seconds, fit_cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     checkpoint_root = out / "checkpoints"
     if checkpoint_root.is_dir() and not any(checkpoint_root.iterdir()):
         checkpoint_root.rmdir()
@@ -187,14 +191,14 @@ def fit_and_report(*, dataset, X_train, y_train, X_test, y_test, specs: Mapping[
         table = compare_elbo(loaded)
         table.index.name = "model"
         return Comparison(results={runs[name]: res for name, res in loaded.items()}, table=table, runs=dict(runs),
-                          report_path=None, fit_seconds=fit_seconds, report_seconds=0.0)
+                          report_path=None, fit_seconds=fit_seconds, report_seconds=0.0, fit_cpu_seconds=fit_cpu_seconds)
     if log:
         log(f"fitted {len(loaded)} model(s) in {fit_seconds:.1f} s; writing the report (posterior draws, held-out "
             f"and PSIS-LOO checks, figures) to {out}")
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     path = report(loaded, out, X_test=X_test, y_test=y_test, dataset=dataset, num_draws=num_draws, seed=data_seed,
                   progress=progress, groups={name: model for name, (model, _) in runs.items()} if grouped else None)
-    report_seconds = time.perf_counter() - t1
+    report_seconds, report_cpu_seconds = time.perf_counter() - t1, time.process_time() - c1
     if not save_models:
         for name in loaded:
             shutil.rmtree(out / "models" / stems[name], ignore_errors=True)
@@ -202,7 +206,8 @@ def fit_and_report(*, dataset, X_train, y_train, X_test, y_test, specs: Mapping[
 
     table = pd.read_csv(path.parent / "comparison.csv", index_col="model")
     return Comparison(results={runs[name]: res for name, res in loaded.items()}, table=table, runs=dict(runs),
-                      report_path=path, fit_seconds=fit_seconds, report_seconds=report_seconds)
+                      report_path=path, fit_seconds=fit_seconds, report_seconds=report_seconds,
+                      fit_cpu_seconds=fit_cpu_seconds, report_cpu_seconds=report_cpu_seconds)
 
 
 # ----------------------------------------------------------------------------- the Python API

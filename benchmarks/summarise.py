@@ -224,14 +224,19 @@ def _svgp_scaling(report: dict) -> list[str]:
 @formatter("report_phase")
 def _report_phase(report: dict) -> list[str]:
     runs = report["runs"]
-    rows = [[str(i + 1), num(r["fit_s"]), num(r["report_s"]), num(r["ratio"]), num(r["load_average"][0])]
-            for i, r in enumerate(runs)]
+    with_cpu = all("cpu_ratio" in r for r in runs)
+    rows = [[str(i + 1), num(r["fit_s"]), num(r["report_s"]), num(r["ratio"])]
+            + ([num(r["fit_cpu_s"]), num(r["report_cpu_s"]), num(r["cpu_ratio"])] if with_cpu else [])
+            + [num(r["load_average"][0])] for i, r in enumerate(runs)]
+    cpu = (f" Median of the same ratio in CPU time (the process's threads; steadier on a loaded machine): "
+           f"{num(report['median_cpu_ratio'])}." if with_cpu and "median_cpu_ratio" in report else "")
+    header = ["repeat", "fit (s)", "report (s)", "report / fit"] + \
+        (["fit CPU (s)", "report CPU (s)", "CPU report / fit"] if with_cpu else []) + ["load (1 min)"]
     return ["", f"`{' '.join(report['command'])}` in a fresh process per repeat; fit and report phase as the CLI times "
                 f"them in the same run. Median report / fit over {len(runs)} repeats: {num(report['median_ratio'])} "
-                f"(goal ≤ {num(report['goal_ratio'])}: {yes_no(report['goal_met'])}). Measured on a shared 2-core "
+                f"(goal ≤ {num(report['goal_ratio'])}: {yes_no(report['goal_met'])}).{cpu} Measured on a shared 2-core "
                 f"machine (load average at the end of each run in the table). Device: {device_of(report)}; date: "
-                f"{report.get('created', 'not recorded')}.", ""] + \
-        table(["repeat", "fit (s)", "report (s)", "report / fit", "load (1 min)"], rows)
+                f"{report.get('created', 'not recorded')}.", ""] + table(header, rows)
 
 
 @formatter("polya_gamma_throughput")
