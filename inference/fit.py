@@ -300,19 +300,19 @@ def evaluate_elbo(res: FitResult, X=None, y=None, *, num_samples: int = 32, seed
     X, y = validate_data(res.spec, X, y)
     calls = elbo_calls(res, X, y, training=training, num_samples=num_samples, seed=seed, batch_size=batch_size)
     S = calls.num_draws
-    draws, ell_total, kl_total = [], 0.0, 0.0
+    estimates, ell_total, kl_total = [], 0.0, 0.0
     for s in range(S):
         extra = _hyper_log_ratio(res, calls.hyper_draw(s), X[:1], y[:1]) if calls.hyper else 0.0
         ell, kl = 0.0, 0.0
         for i in range(len(calls.slices)):
             e, kl = calls.program(*calls.args(s, i))
             ell += float(e)
-        draws.append(ell - float(kl) - extra)
+        estimates.append(ell - float(kl) - extra)
         ell_total += ell / S
         kl_total += float(kl) / S
-    draws = np.asarray(draws)
-    stderr = float(draws.std(ddof=1) / math.sqrt(S)) if S > 1 else (math.nan if calls.stochastic else 0.0)
-    return ElboEstimate(float(draws.mean()), stderr, ell_total, kl_total, S, draws)
+    estimates = np.asarray(estimates)
+    stderr = float(estimates.std(ddof=1) / math.sqrt(S)) if S > 1 else (math.nan if calls.stochastic else 0.0)
+    return ElboEstimate(float(estimates.mean()), stderr, ell_total, kl_total, S, estimates)
 
 
 @dataclasses.dataclass(frozen=True)

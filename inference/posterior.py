@@ -388,7 +388,7 @@ def draws_and_summaries(res: FitResult, num_draws: int, key, inputs, moments_key
         raise InvalidArgumentError("num_draws", f"must be a positive integer, got {num_draws!r}")
     checked = [(*_summary_inputs(res, X, y), k) for X, y, k in inputs]
     family, _, params, _, keys, _, _ = _draw_arguments(res, int(num_draws), key, {})
-    draws, found = None, []
+    inducing, found = None, []
     for X, y, pointwise_key in checked:
         logs, reps, moments, ell_total, kl = [], [], [], 0.0, None
         program = _summary_chunk.for_calls(_num_chunks(X))
@@ -396,10 +396,10 @@ def draws_and_summaries(res: FitResult, num_draws: int, key, inputs, moments_key
             drawn, log_lik, y_rep, chunk_moments, ell, kl = program(
                 family, params, keys, jnp.asarray(Xc), jnp.asarray(yc), jax.random.fold_in(pointwise_key, i),
                 jax.random.fold_in(moments_key, i))
-            if draws is None:
+            if inducing is None:
                 u, log_q, log_p = drawn
-                draws = InducingDraws(u=np.asarray(u), log_q=np.asarray(log_q, np.float64),
-                                      log_prior=np.asarray(log_p, np.float64), hyper={})
+                inducing = InducingDraws(u=np.asarray(u), log_q=np.asarray(log_q, np.float64),
+                                         log_prior=np.asarray(log_p, np.float64), hyper={})
             logs.append(np.asarray(log_lik, np.float64)[:, :n])
             reps.append(np.asarray(y_rep)[:, :n])
             moments.append([None if m is None else np.asarray(m)[:n] for m in chunk_moments])
@@ -408,6 +408,6 @@ def draws_and_summaries(res: FitResult, num_draws: int, key, inputs, moments_key
                                                for j in range(5))
         found.append(Summaries(PointwiseDraws(np.concatenate(logs, axis=1), np.concatenate(reps, axis=1)),
                                f_mean, f_var, y_mean, y_var, probs, ell_total, float(kl)))
-    if draws is None:  # no inputs: the draws alone
-        draws = sample_inducing(res, int(num_draws), key)
-    return draws, found
+    if inducing is None:  # no inputs: the draws alone
+        inducing = sample_inducing(res, int(num_draws), key)
+    return inducing, found
