@@ -7,6 +7,11 @@ devices. The parameters, the optimiser state and the arrays every step reads are
 computes the per-point part of the ELBO (Kuf, the Kff diagonal, the expected log-likelihood) for
 its B / n rows, and XLA's SPMD partitioner inserts the all-reduce of the data term's sum and of its
 gradient. The KL term and the M×M factorisations are computed on every device (they are small).
+:meth:`DataParallel.value_and_grad` is the explicit form: ``jax.shard_map`` of the loss over the
+rows and one ``pmean`` of its value and gradient; the partitioner then never sees the global batch,
+so nothing computed from the rows is all-gathered (on the conv model the sharding constraint
+all-gathers the ``[B, 1, P, E]`` patches and ``[M, B]`` Kuf rows into every step, and the step costs
+~1.3× more CPU than the shard_map form; ``benchmarks/data_parallel_step.py``).
 This is exact for every family whose data term is a sum over data points (van der Wilk et al.
 2017, eq. 5): the ELBO and its gradient equal the single-device values up to the order of
 floating-point summation.
@@ -86,6 +91,27 @@ class DataParallel:
     def replicate(self, tree):
         """``tree`` with every array on every device of the mesh."""
         return jax.device_put(tree, NamedSharding(self.mesh, PartitionSpec()))
+
+    def value_and_grad(self, loss):
+        """``jax.value_and_grad(loss)`` of ``loss(params, *rows)`` computed data-parallel with ``jax.shard_map``:
+        every device differentiates ``loss`` on its own B / n rows of each array in ``rows`` (parameters
+        replicated) and the values and gradients are averaged across the mesh (one ``pmean``, an all-reduce).
+
+        Exact for a loss that is the average over equal shards of the same loss on each shard, such as the
+        minibatch ELBO with its data term scaled by ``num_data / rows`` (``KL - num_data / b * sum``): the mean of
+        the shards' losses is the loss on all B rows. Unlike :meth:`shard_rows`, the SPMD partitioner never
+        sees the global batch, so nothing computed from the rows (the patches, Kuf) is all-gathered: on the
+        conv model the step's program has one all-reduce and no all-gathers."""
+        value_and_grad = jax.value_and_grad(loss)
+
+        def local(params, *rows):
+            return jax.lax.pmean(value_and_grad(params, *rows), DATA_AXIS)
+
+        def split(params, *rows):
+            return jax.shard_map(local, mesh=self.mesh, in_specs=(PartitionSpec(),) + (PartitionSpec(DATA_AXIS),) * len(rows),
+                                 out_specs=PartitionSpec(), check_vma=False)(params, *rows)
+
+        return split
 
     def shard_rows(self, *arrays):
         """The arrays with their leading axis split across the mesh (a sharding constraint, for use under jit)."""

@@ -1,5 +1,6 @@
 """Data-parallel training (fit(..., devices=...)): the minibatch split across two JAX devices gives the
-single-device ELBO, gradients and fit, for an SVGP and a convolutional model, in float32 and float64.
+single-device ELBO, gradients and fit (and DataParallel.value_and_grad, the shard_map form, the single-device
+ELBO and gradients), for an SVGP and a convolutional model, in float32 and float64.
 
 The two devices are forced host (CPU) devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=2``
 must be set before JAX is imported, so the checks run in one subprocess (this file run as a script).
@@ -61,6 +62,8 @@ def _child() -> dict:
             sharded_X, sharded_y = jax.device_put((Xb, yb), parallel.rows_sharding)
             compiled = value_and_grad.lower(parallel.replicate(params), sharded_X, sharded_y).compile()
             split = compiled(parallel.replicate(params), sharded_X, sharded_y)
+            mapped = jax.jit(parallel.value_and_grad(loss)).lower(parallel.replicate(params), sharded_X, sharded_y).compile()
+            shard_map = mapped(parallel.replicate(params), sharded_X, sharded_y)
 
             def rel(a, b):
                 a, b = np.asarray(a, float), np.asarray(b, float)
@@ -72,6 +75,9 @@ def _child() -> dict:
                 "params": max(rel(one.params[k], two.params[k]) for k in one.params),
                 "history": rel(one.objective_history, two.objective_history),
                 "all_reduce": "all-reduce" in compiled.as_text(),
+                "shard_map_elbo": rel(single[0], shard_map[0]),
+                "shard_map_grad": max(rel(single[1][k], shard_map[1][k]) for k in single[1]),
+                "shard_map_collectives": [op for op in ("all-gather", "all-reduce") if f" {op}(" in mapped.as_text()],
                 "rows_per_device": sorted({s.data.shape[0] for s in sharded_X.addressable_shards}),
                 "fit_devices": two.diagnostics.get("devices"),
                 "dtype": str(np.asarray(two.params["q_mu"]).dtype),
@@ -91,7 +97,8 @@ def test_two_devices_give_the_single_device_elbo_gradients_and_fit():
         assert r["rows_per_device"] == [8], case
         assert len(r["fit_devices"]) == 2, case
         assert r["dtype"] == case.split()[1], case
-        for key in ("elbo", "grad", "params", "history"):
+        assert r["shard_map_collectives"] == ["all-reduce"], f"{case}: {r['shard_map_collectives']}"
+        for key in ("elbo", "grad", "params", "history", "shard_map_elbo", "shard_map_grad"):
             assert r[key] <= tol, f"{case}: {key} differs by {r[key]:.3g} (> {tol})"
 
 
