@@ -65,11 +65,13 @@ def compared_report(tmp_path_factory):
 #: Modules whose tests take the longest in all (approximate seconds on 2 busy cores), run first so that
 #: the suite does not end with one test worker busy alone; the other modules follow in collection order.
 SLOW_MODULES = {
-    "test_backends.py": 150, "test_convolutional.py": 150, "test_cli.py": 100, "test_benchmarks_smoke.py": 60,
-    "test_datatree.py": 50, "test_parallel.py": 36, "test_memmap.py": 30, "test_pg_natgrad.py": 30, "test_compare.py": 28,
-    "test_invariant.py": 25, "test_svgp.py": 25, "test_dkm_family.py": 24, "test_io.py": 19, "test_report_browser.py": 17,
-    "test_deep_conv.py": 17,
+    "test_contract.py": 1500, "test_backends.py": 150, "test_convolutional.py": 150, "test_cli.py": 100,
+    "test_benchmarks_smoke.py": 60, "test_datatree.py": 50, "test_parallel.py": 36, "test_memmap.py": 30,
+    "test_pg_natgrad.py": 30, "test_compare.py": 28, "test_invariant.py": 25, "test_svgp.py": 25, "test_dkm_family.py": 24,
+    "test_io.py": 19, "test_report_browser.py": 17, "test_deep_conv.py": 17,
 }
+#: Modules of independent slow tests (no shared fixture to keep together): handed out one test at a time.
+ONE_BY_ONE = ("test_contract.py",)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -82,7 +84,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """``-n N`` (``--dist load``) hands out whole modules, in the order above, to the test workers.
+    """``-n N`` (``--dist load``) hands out whole modules, in the order above, to the test workers
+    (the tests of :data:`ONE_BY_ONE` one at a time).
 
     Modules share expensive fixtures (fitted models, a Ray instance, the compared report), which a
     worker then sets up once; tests one at a time would set them up on every worker. Other
@@ -91,5 +94,10 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadFileScheduling  # noqa: PLC0415 - only under pytest-xdist
 
+    class ModulesWhole(LoadFileScheduling):
+        def _split_scope(self, nodeid):
+            module = super()._split_scope(nodeid)
+            return nodeid if module.endswith(ONE_BY_ONE) else module
+
     config.option.loadscopereorder = False  # keep the order of pytest_collection_modifyitems
-    return LoadFileScheduling(config, log)
+    return ModulesWhole(config, log)
