@@ -12,6 +12,9 @@ program per model (posterior draws, pointwise log-likelihoods, predictive moment
 of each chunk of rows; three per model before) and compiles them ahead of time on a thread when
 a core is idle at the start of the report (sampled from the kernel's CPU counters; none on a
 loaded machine), so the ratio depends on the load as well as on the work.
+The CLI also prints each phase's CPU time (this process, all threads); the record keeps the same
+ratio in CPU time (``cpu_ratio``, ``median_cpu_ratio``), a steadier measure on a shared machine.
+The goal is judged on wall time.
 
     python benchmarks/report_phase.py [--repeats 3] [--out PATH] [-- extra gpzoo compare options]
 """

@@ -214,14 +214,22 @@ def _pads(padding: str, kernel_shape) -> tuple[tuple[int, int], ...]:
     raise ValueError(f"padding must be 'same' or 'valid', got {padding!r}")
 
 
-def _shifted_views(x, window, stride: int, pads):
-    """The kh·kw zero-padded, strided windows of ``x [B, H, W, ...]``, each ``[B, H', W', ...]``, in (dy, dx) order."""
+def _padded_windows(x, window, stride: int, pads):
+    """``x [B, H, W, ...]`` zero-padded on its spatial axes, and the slices of the kh row offsets and
+    kw column offsets that a strided window at offset (dy, dx) reads: (padded, rows, cols)."""
     (kh, kw), ((lo_h, hi_h), (lo_w, hi_w)) = window, pads
-    B, H, W = x.shape[:3]
+    H, W = x.shape[1:3]
     padded = jnp.pad(x, ((0, 0), (lo_h, hi_h), (lo_w, hi_w)) + ((0, 0),) * (x.ndim - 3))
     Ho, Wo = (H + lo_h + hi_h - kh) // stride + 1, (W + lo_w + hi_w - kw) // stride + 1
-    return [padded[:, dy:dy + stride * (Ho - 1) + 1:stride, dx:dx + stride * (Wo - 1) + 1:stride]
-            for dy in range(kh) for dx in range(kw)]
+    rows = [slice(dy, dy + stride * (Ho - 1) + 1, stride) for dy in range(kh)]
+    cols = [slice(dx, dx + stride * (Wo - 1) + 1, stride) for dx in range(kw)]
+    return padded, rows, cols
+
+
+def _shifted_views(x, window, stride: int, pads):
+    """The kh·kw zero-padded, strided windows of ``x [B, H, W, ...]``, each ``[B, H', W', ...]``, in (dy, dx) order."""
+    padded, rows, cols = _padded_windows(x, window, stride, pads)
+    return [padded[:, r, c] for r in rows for c in cols]
 
 
 def _window_sum(x, window, stride: int, pads):
@@ -230,12 +238,9 @@ def _window_sum(x, window, stride: int, pads):
     Separable: kh row-shifted slices summed, then kw column-shifted ones (XLA's CPU convolution
     with one channel is ~10× slower than these adds).
     """
-    (kh, kw), ((lo_h, hi_h), (lo_w, hi_w)) = window, pads
-    H, W = x.shape[1:3]
-    padded = jnp.pad(x, ((0, 0), (lo_h, hi_h), (lo_w, hi_w)))
-    Ho, Wo = (H + lo_h + hi_h - kh) // stride + 1, (W + lo_w + hi_w - kw) // stride + 1
-    rows = sum(padded[:, dy:dy + stride * (Ho - 1) + 1:stride, :] for dy in range(kh))  # [B, H', W + pads]
-    return sum(rows[:, :, dx:dx + stride * (Wo - 1) + 1:stride] for dx in range(kw))  # [B, H', W']
+    padded, rows, cols = _padded_windows(x, window, stride, pads)
+    summed = sum(padded[:, r, :] for r in rows)  # [B, H', W + pads]
+    return sum(summed[:, :, c] for c in cols)  # [B, H', W']
 
 
 def conv_output_shape(spatial_shape, filter_shape, stride: int, padding: str = "same") -> tuple[int, int]:
