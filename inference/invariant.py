@@ -172,6 +172,13 @@ class InvariantSVGP(SVGP):
         """Sampled orbits make the expected log-likelihood an unbiased Monte Carlo estimate."""
         return bool(self.spec.kernel.is_sampled) or super().stochastic_expectation
 
+    @property
+    def per_point_draws(self) -> bool:
+        """Only a Monte Carlo likelihood draws per data point: the orbit samples are shared by every row
+        (``InvariantKernel.sample_orbit``), so a data-parallel step may split the rows
+        (:func:`gpzoo.inference.sharding.per_point_draws`)."""
+        return bool(self.spec.likelihood.stochastic_expectation)
+
     def data_term_inputs(self, X, y, data_indices=None, num_data=None) -> dict:
         """The Pólya–Gamma tilts that live in NumPyro params (``pg_c`` "recognition" or "free"), as
         ``{"tilt": c}`` ``[N]``; empty for the closed form and for likelihoods without the PG bound.

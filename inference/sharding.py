@@ -1,20 +1,32 @@
-"""Data-parallel training: one model's minibatch split across JAX devices with ``jax.sharding``.
+"""Data-parallel training: one model's minibatch split across JAX devices.
 
 ``fit(..., devices=...)`` builds a one-axis :class:`jax.sharding.Mesh` (axis ``"data"``) over the
 devices. The parameters, the optimiser state and the arrays every step reads are *replicated*
-(``PartitionSpec()``); each step's minibatch is *sharded* along its rows
-(``PartitionSpec("data")``) by a sharding constraint inside the compiled step, so every device
-computes the per-point part of the ELBO (Kuf, the Kff diagonal, the expected log-likelihood) for
-its B / n rows, and XLA's SPMD partitioner inserts the all-reduce of the data term's sum and of its
-gradient. The KL term and the M×M factorisations are computed on every device (they are small).
-:meth:`DataParallel.value_and_grad` is the explicit form: ``jax.shard_map`` of the loss over the
-rows and one ``pmean`` of its value and gradient; the partitioner then never sees the global batch,
-so nothing computed from the rows is all-gathered (on the conv model the sharding constraint
-all-gathers the ``[B, 1, P, E]`` patches and ``[M, B]`` Kuf rows into every step, and the step costs
-~1.3× more CPU than the shard_map form; ``benchmarks/data_parallel_step.py``).
-This is exact for every family whose data term is a sum over data points (van der Wilk et al.
-2017, eq. 5): the ELBO and its gradient equal the single-device values up to the order of
-floating-point summation.
+(``PartitionSpec()``). Each step (:meth:`DataParallel.svi_update`) is ``jax.shard_map`` of the
+loss over the minibatch rows: device s receives its B / n rows and differentiates the minibatch
+ELBO *of those rows*, whose data term NumPyro's plate scales by N / (B / n); the values and
+gradients are averaged across the mesh with one ``pmean`` (one all-reduce), and the optimiser
+update then runs replicated, the same on every device. For a data term that is a sum over data
+points (van der Wilk et al. 2017, eq. 5) the average is exactly the single-device minibatch ELBO,
+
+    (1/n) Σ_s [ N/(B/n) Σ_{i∈s} E_q[log p(y_i | f_i)] − KL ]  =  N/B Σ_i E_q[log p(y_i | f_i)] − KL,
+
+with the KL (and any other term that does not read the rows, such as sampled hyperparameters)
+counted once: every device computes it from the same replicated parameters and key. The ELBO,
+its gradient and hence the fit equal the single-device values up to the order of floating-point
+summation. The SPMD partitioner never sees the global batch, so nothing computed from the rows
+(the conv model's ``[B, 1, P, E]`` patches, Kuf) is all-gathered: the compiled step has one
+all-reduce (``benchmarks/data_parallel_step.py``).
+
+A family whose data term draws random numbers *for every data point* (:func:`per_point_draws`:
+the softmax likelihood's Monte Carlo expectation, the deep GP's sampled hidden layers) keeps the
+older step, :meth:`DataParallel.shard_rows`: a sharding constraint on the rows inside the
+single-device program, with the all-reduce (and all-gathers) the partitioner inserts. Inside
+``shard_map`` each device would draw its rows' numbers from the same key with its shard's shape,
+which are not the numbers the single-device step draws for those rows: an equally valid estimate,
+but not the single-device ELBO. Under the sharding constraint the draws are made for the global
+batch (JAX's partitionable threefry gives the same numbers whatever the sharding), so the step
+equals the single-device one there too.
 
 Several hosts: start every process with :func:`jax.distributed.initialize` before anything else
 touches JAX, then call ``fit`` in every process with the same data, settings and
@@ -29,10 +41,11 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from numpyro.infer.svi import SVIState
 
 from gpzoo.models.errors import InvalidArgumentError
 
-__all__ = ["DATA_AXIS", "DataParallel", "resolve_devices"]
+__all__ = ["DATA_AXIS", "DataParallel", "per_point_draws", "resolve_devices"]
 
 #: Name of the mesh axis the minibatch rows are split along.
 DATA_AXIS = "data"
@@ -62,10 +75,21 @@ def resolve_devices(devices) -> tuple | None:
     return devices
 
 
+def per_point_draws(family) -> bool:
+    """True when ``family``'s data term draws random numbers for each data point, so that its
+    minibatch ELBO is not the average of its shards' ELBOs draw for draw (module docstring).
+
+    A family says so with a ``per_point_draws`` attribute; without one, a Monte Carlo data term
+    (``family.stochastic_expectation``) is taken to draw per point, and a family that declares
+    neither is too."""
+    return bool(getattr(family, "per_point_draws", getattr(family, "stochastic_expectation", True)))
+
+
 @dataclasses.dataclass(frozen=True)
 class DataParallel:
-    """A one-axis device mesh: :meth:`replicate` places a pytree on every device, :meth:`shard_rows`
-    (inside a compiled function) splits an array's leading axis across them."""
+    """A one-axis device mesh: :meth:`replicate` places a pytree on every device, :meth:`svi_update`
+    is one data-parallel SVI step, :meth:`value_and_grad` its loss and gradient, and :meth:`shard_rows`
+    (inside a compiled function) splits an array's leading axis across the devices."""
 
     devices: tuple
 
@@ -93,27 +117,50 @@ class DataParallel:
         return jax.device_put(tree, NamedSharding(self.mesh, PartitionSpec()))
 
     def value_and_grad(self, loss):
-        """``jax.value_and_grad(loss)`` of ``loss(params, *rows)`` computed data-parallel with ``jax.shard_map``:
-        every device differentiates ``loss`` on its own B / n rows of each array in ``rows`` (parameters
-        replicated) and the values and gradients are averaged across the mesh (one ``pmean``, an all-reduce).
+        """``jax.value_and_grad(loss)`` of ``loss(params, *rows, **row_kwargs)`` computed data-parallel with
+        ``jax.shard_map``: every device differentiates ``loss`` on its own B / n rows of each array in ``rows``
+        and ``row_kwargs`` (``params`` replicated), and the values and gradients are averaged across the mesh
+        (one ``pmean``: a single all-reduce of the value and every gradient leaf together).
 
-        Exact for a loss that is the average over equal shards of the same loss on each shard, such as the
-        minibatch ELBO with its data term scaled by ``num_data / rows`` (``KL - num_data / b * sum``): the mean of
-        the shards' losses is the loss on all B rows. Unlike :meth:`shard_rows`, the SPMD partitioner never
-        sees the global batch, so nothing computed from the rows (the patches, Kuf) is all-gathered: on the
-        conv model the step's program has one all-reduce and no all-gathers."""
+        Exact for a loss whose value on B rows is the average of its values on n equal shards of them, such
+        as the minibatch ELBO ``KL − N / b · Σ_{i ≤ b} E_q[log p(y_i | f_i)]`` on b rows (module docstring).
+        The SPMD partitioner never sees the global batch, so nothing computed from the rows is all-gathered."""
         value_and_grad = jax.value_and_grad(loss)
 
-        def local(params, *rows):
-            return jax.lax.pmean(value_and_grad(params, *rows), DATA_AXIS)
+        def local(params, rows, row_kwargs):
+            return jax.lax.pmean(value_and_grad(params, *rows, **row_kwargs), DATA_AXIS)
 
-        def split(params, *rows):
-            return jax.shard_map(local, mesh=self.mesh, in_specs=(PartitionSpec(),) + (PartitionSpec(DATA_AXIS),) * len(rows),
-                                 out_specs=PartitionSpec(), check_vma=False)(params, *rows)
+        def split(params, *rows, **row_kwargs):
+            specs = (PartitionSpec(), PartitionSpec(DATA_AXIS), PartitionSpec(DATA_AXIS))
+            return jax.shard_map(local, mesh=self.mesh, in_specs=specs, out_specs=PartitionSpec(),
+                                 check_vma=False)(params, rows, row_kwargs)
 
         return split
 
+    def svi_update(self, svi, state: SVIState, *rows, static_kwargs: dict | None = None, **row_kwargs):
+        """One data-parallel step of NumPyro's ``svi.update(state, *rows, **static_kwargs, **row_kwargs)``;
+        returns ``(state, loss)`` as it does.
+
+        ``rows`` and ``row_kwargs`` are arrays whose leading axis runs over the minibatch rows (X, y, the
+        rows' training-set indices): they are split across the mesh. ``static_kwargs`` (``num_data``) reach
+        every shard as they are. The loss and gradient come from :meth:`value_and_grad` with the step's key
+        split from ``state.rng_key`` exactly as ``SVI.update`` does; the optimiser update is applied to the
+        replicated state. The family's ELBO must have no mutable state (gpzoo's ``FastELBO`` has none)."""
+        if jax.tree_util.tree_leaves(state.mutable_state):
+            raise ValueError("DataParallel.svi_update: a model with NumPyro mutable state cannot be split across devices")
+        rng_key, rng_step = jax.random.split(state.rng_key)
+        static = {**(static_kwargs or {}), **svi.static_kwargs}
+
+        def loss(params, *rows, **row_kwargs):
+            return svi.loss.loss(rng_step, svi.constrain_fn(params), svi.model, svi.guide, *rows, **row_kwargs, **static)
+
+        value, grads = self.value_and_grad(loss)(svi.optim.get_params(state.optim_state), *rows, **row_kwargs)
+        return SVIState(svi.optim.update(grads, state.optim_state, value=value), state.mutable_state, rng_key), value
+
     def shard_rows(self, *arrays):
-        """The arrays with their leading axis split across the mesh (a sharding constraint, for use under jit)."""
+        """The arrays with their leading axis split across the mesh (a sharding constraint, for use under jit).
+
+        The step of the families with :func:`per_point_draws`: the program stays the single-device one, and
+        the SPMD partitioner splits the per-point work and inserts the collectives."""
         out = tuple(jax.lax.with_sharding_constraint(a, self.rows_sharding) for a in arrays)
         return out if len(out) != 1 else out[0]

@@ -22,6 +22,7 @@ from gpzoo.inference.inducing import inducing_for
 from gpzoo.inference.linalg import float_dtype
 from gpzoo.inference.results import FitResult
 from gpzoo.inference.runner import ChunkProgram, FitSettings
+from gpzoo.inference.sharding import per_point_draws
 
 __all__ = ["fit_svi"]
 
@@ -37,7 +38,12 @@ def fit_svi(spec, X, y, *, family_class, settings: FitSettings) -> FitResult:
     ``X`` is an array ``[N, D]`` or a :class:`~gpzoo.inference.data.MemmapSource` (its minibatches
     are read from disk each step; the schedule, a pure function of (seed, step), is the same).
     With ``settings.devices`` every minibatch is split across the devices
-    (:mod:`gpzoo.inference.sharding`): parameters replicated, rows sharded.
+    (:mod:`gpzoo.inference.sharding`): parameters replicated, each device's share of the rows
+    differentiated by ``jax.shard_map`` and the gradients all-reduced once
+    (:meth:`~gpzoo.inference.sharding.DataParallel.svi_update`); a family whose data term draws
+    random numbers per data point (:func:`~gpzoo.inference.sharding.per_point_draws`) keeps the
+    sharding-constraint step (:meth:`~gpzoo.inference.sharding.DataParallel.shard_rows`), whose
+    draws are those of the single-device step.
     """
     source = X if isinstance(X, MemmapSource) else None
     if source is None:
@@ -76,11 +82,16 @@ def fit_svi(spec, X, y, *, family_class, settings: FitSettings) -> FitResult:
     else:  # the autoguide records concrete prototype values at init: it must not run under jit
         state = svi.init(key_svi, X_init, y_init, num_data=N, **index_kwargs(family, init_idx))
     family.check_analytic_kl()
+    split_loss = parallel is not None and not per_point_draws(family)  # else the sharding-constraint step
 
     def update(state, inputs, data):
         # in memory: the step's rows are gathered from the data on the device; from a source they come with the step
         (batch_idx, X_batch), y_all = (inputs, data[0]) if source is not None else ((inputs, data[0][inputs]), data[1])
         y_batch = y_all[batch_idx]
+        if split_loss:
+            new_state, loss = parallel.svi_update(svi, state, X_batch, y_batch, static_kwargs={"num_data": N},
+                                                  **index_kwargs(family, batch_idx))
+            return new_state, -loss
         if parallel is not None:
             X_batch, y_batch, batch_idx = parallel.shard_rows(X_batch, y_batch, batch_idx)
         new_state, loss = svi.update(state, X_batch, y_batch, num_data=N, **index_kwargs(family, batch_idx))
@@ -94,6 +105,7 @@ def fit_svi(spec, X, y, *, family_class, settings: FitSettings) -> FitResult:
     diagnostics = {"jitter": float(spec.jitter), "jitter_events": [], "dtype": str(np.dtype(float_dtype())), "seconds": 0.0}
     if parallel is not None:
         diagnostics["devices"] = [str(d) for d in parallel.devices]
+        diagnostics["data_parallel_step"] = "shard_map" if split_loss else "sharding constraint"
 
     program = ChunkProgram(
         label=f"fit {spec.name}", objective="ELBO", update=update, step_inputs=step_inputs, constants=constants,

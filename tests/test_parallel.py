@@ -1,23 +1,48 @@
-"""Data-parallel training (fit(..., devices=...)): the minibatch split across two JAX devices gives the
-single-device ELBO, gradients and fit (and DataParallel.value_and_grad, the shard_map form, the single-device
-ELBO and gradients), for an SVGP and a convolutional model, in float32 and float64.
+"""Data-parallel training (fit(..., devices=...)) on two JAX devices against one device.
+
+* float64: a 20-step fit with the default Adam gives the single-device parameters and ELBO history
+  to 1e-9 (relative), for an SVGP and a convolutional model (the shard_map step) and for a softmax
+  SVGP, whose Monte Carlo data term draws per data point (the sharding-constraint step);
+* float32 (the library default) and float64: the ELBO and its gradient from the shard_map loss
+  (``DataParallel.value_and_grad``) equal the single-device values (1e-5 / 1e-12), and so does a
+  6-step float32 fit with plain SGD (Adam divides by sqrt(v): a gradient component near zero changes its
+  step by up to the learning rate under a rounding-level change of the gradient, so float32 Adam
+  fits are compared in float64 only);
+* the compiled update that ``fit`` runs has exactly one all-reduce and no all-gather (nor any other
+  collective): the rows are never gathered onto one device.
 
 The two devices are forced host (CPU) devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=2``
-must be set before JAX is imported, so the checks run in one subprocess (this file run as a script).
+must be set before JAX is imported, so the checks run in one subprocess (this file run as a script)
+whose results the tests read.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-#: Largest relative difference accepted between the 2-device and 1-device values (summation order only).
+#: Largest relative difference accepted between the 2-device and 1-device ELBO and gradient (summation order only).
 TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
+#: Largest relative difference accepted between the parameters of a 20-step float64 Adam fit on 2 devices and on 1.
+FIT_TOLERANCE_FLOAT64 = 1e-9
+#: Collective operations of XLA's HLO (an async pair ``-start``/``-done`` counts once, by its start).
+COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute", "reduce-scatter")
+
+
+def count_collectives(hlo: str) -> dict:
+    """How many instructions of each collective op a compiled program's HLO text holds."""
+    return {op: len(re.findall(rf"\s{op}(?:-start)?\(", hlo)) for op in COLLECTIVES}
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    return float(np.max(np.abs(a - b)) / max(1.0, float(np.max(np.abs(a)))))
 
 
 def _child() -> dict:
@@ -25,11 +50,21 @@ def _child() -> dict:
     import optax  # noqa: PLC0415
 
     import gpzoo  # noqa: PLC0415
+    from gpzoo.inference import runner  # noqa: PLC0415
     from gpzoo.inference.elbo import FastELBO  # noqa: PLC0415
     from gpzoo.inference.sharding import DataParallel  # noqa: PLC0415
     from gpzoo.models import zoo  # noqa: PLC0415
+    from gpzoo.models.likelihoods import Softmax  # noqa: PLC0415
 
     assert len(jax.devices()) == 2, jax.devices()
+    captured = {}
+    run_chunks = runner.run_chunks
+
+    def capture(program, state, **kwargs):  # the step fit runs, kept for its compiled HLO
+        captured["program"], captured["state"] = program, state
+        return run_chunks(program, state, **kwargs)
+
+    runner.run_chunks = capture
     rng = np.random.default_rng(0)
     images = (rng.uniform(size=(48, 6, 6)) < 0.3).astype(float)
     labels = (images[:, :3].sum((1, 2)) > images[:, 3:].sum((1, 2))).astype(np.int64)
@@ -39,67 +74,89 @@ def _child() -> dict:
                      X_tab, (X_tab[:, 0] > 0).astype(np.int64)),
         "conv": (zoo.get("conv", input_dim=36, image_shape=(6, 6), task="binary", num_classes=2, num_inducing=5),
                  images.reshape(48, 36), labels),
+        "softmax": (zoo.get("svgp-rbf", input_dim=3, task="multiclass", num_classes=3, num_inducing=5,
+                            likelihood=Softmax(num_classes=3, num_mc_samples=8)), X_tab, np.argmax(X_tab, axis=1)),
     }
     parallel = DataParallel(tuple(jax.devices()))
     out = {}
-    for precision in ("float32", "float64"):
+    for precision in ("float64", "float32"):
         jax.config.update("jax_enable_x64", precision == "float64")
         for name, (spec, X, y) in cases.items():
-            # float64: the default Adam. float32: plain SGD, since Adam divides by sqrt(v): a gradient component
-            # near zero changes its step by up to the learning rate under a rounding-level change of the gradient
-            optimizer = None if precision == "float64" else optax.sgd(0.01)
-            settings = {"steps": 6, "batch_size": 16, "seed": 1, "progress": False, "chunk_size": 6, "optimizer": optimizer}
+            if precision == "float32" and name == "softmax":
+                continue
+            if precision == "float64":
+                settings = {"steps": 20, "batch_size": 16, "seed": 1, "progress": False, "chunk_size": 20}
+            else:
+                settings = {"steps": 6, "batch_size": 16, "seed": 1, "progress": False, "chunk_size": 6,
+                            "optimizer": optax.sgd(0.01)}
             one = gpzoo.fit(spec, X, y, **settings)
             two = gpzoo.fit(spec, X, y, **settings, devices=2)
-            family, params = one.family, {k: jax.numpy.asarray(v) for k, v in one.params.items()}
-            Xb, yb = jax.numpy.asarray(one.X_train[:16]), jax.numpy.asarray(one.y_train[:16])
+            r = {"params": max(_rel(one.params[k], two.params[k]) for k in one.params),
+                 "history": _rel(one.objective_history, two.objective_history),
+                 "step": two.diagnostics["data_parallel_step"], "fit_devices": two.diagnostics["devices"],
+                 "dtype": str(np.asarray(two.params["q_mu"]).dtype)}
+            if name != "softmax":
+                program, state = captured["program"], captured["state"]
+                update = jax.jit(program.update).lower(state, program.step_inputs(0), program.constants).compile()
+                r["collectives"] = count_collectives(update.as_text())
+                family, params = one.family, {k: jax.numpy.asarray(v) for k, v in one.params.items()}
+                Xb, yb = jax.numpy.asarray(one.X_train[:16]), jax.numpy.asarray(one.y_train[:16])
 
-            def loss(params, Xb, yb, family=family):
-                return FastELBO().loss(jax.random.PRNGKey(0), params, family.model, family.guide, Xb, yb, num_data=48)
+                def loss(params, Xb, yb, family=family):
+                    return FastELBO().loss(jax.random.PRNGKey(0), params, family.model, family.guide, Xb, yb, num_data=48)
 
-            value_and_grad = jax.jit(jax.value_and_grad(loss))
-            single = value_and_grad(params, Xb, yb)
-            sharded_X, sharded_y = jax.device_put((Xb, yb), parallel.rows_sharding)
-            compiled = value_and_grad.lower(parallel.replicate(params), sharded_X, sharded_y).compile()
-            split = compiled(parallel.replicate(params), sharded_X, sharded_y)
-            mapped = jax.jit(parallel.value_and_grad(loss)).lower(parallel.replicate(params), sharded_X, sharded_y).compile()
-            shard_map = mapped(parallel.replicate(params), sharded_X, sharded_y)
-
-            def rel(a, b):
-                a, b = np.asarray(a, float), np.asarray(b, float)
-                return float(np.max(np.abs(a - b)) / max(1.0, float(np.max(np.abs(a)))))
-
-            out[f"{name} {precision}"] = {
-                "elbo": rel(single[0], split[0]),
-                "grad": max(rel(single[1][k], split[1][k]) for k in single[1]),
-                "params": max(rel(one.params[k], two.params[k]) for k in one.params),
-                "history": rel(one.objective_history, two.objective_history),
-                "all_reduce": "all-reduce" in compiled.as_text(),
-                "shard_map_elbo": rel(single[0], shard_map[0]),
-                "shard_map_grad": max(rel(single[1][k], shard_map[1][k]) for k in single[1]),
-                "shard_map_collectives": [op for op in ("all-gather", "all-reduce") if f" {op}(" in mapped.as_text()],
-                "rows_per_device": sorted({s.data.shape[0] for s in sharded_X.addressable_shards}),
-                "fit_devices": two.diagnostics.get("devices"),
-                "dtype": str(np.asarray(two.params["q_mu"]).dtype),
-            }
+                single = jax.jit(jax.value_and_grad(loss))(params, Xb, yb)
+                split = jax.jit(parallel.value_and_grad(loss))(parallel.replicate(params), Xb, yb)
+                r["elbo"] = _rel(single[0], split[0])
+                r["grad"] = max(_rel(single[1][k], split[1][k]) for k in single[1])
+            out[f"{name} {precision}"] = r
     return out
 
 
-def test_two_devices_give_the_single_device_elbo_gradients_and_fit():
+@pytest.fixture(scope="module")
+def two_devices() -> dict:
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert sorted(results) == ["conv float32", "conv float64", "svgp-rbf float32", "svgp-rbf float64"]
+    assert sorted(results) == ["conv float32", "conv float64", "softmax float64", "svgp-rbf float32", "svgp-rbf float64"]
     for case, r in results.items():
-        tol = TOLERANCE[case.split()[1]]
-        assert r["all_reduce"], f"{case}: the data term was not split across the devices"
-        assert r["rows_per_device"] == [8], case
-        assert len(r["fit_devices"]) == 2, case
-        assert r["dtype"] == case.split()[1], case
-        assert r["shard_map_collectives"] == ["all-reduce"], f"{case}: {r['shard_map_collectives']}"
-        for key in ("elbo", "grad", "params", "history", "shard_map_elbo", "shard_map_grad"):
+        assert len(r["fit_devices"]) == 2 and r["dtype"] == case.split()[1], (case, r)
+    return results
+
+
+def test_a_two_device_fit_gives_the_single_device_parameters(two_devices):
+    for case, r in two_devices.items():
+        tol = FIT_TOLERANCE_FLOAT64 if case.endswith("float64") else TOLERANCE["float32"]
+        assert r["step"] == ("sharding constraint" if case.startswith("softmax") else "shard_map"), (case, r["step"])
+        for key in ("params", "history"):
             assert r[key] <= tol, f"{case}: {key} differs by {r[key]:.3g} (> {tol})"
+
+
+def test_the_split_elbo_and_gradients_equal_the_single_device_values(two_devices):
+    for case, r in two_devices.items():
+        if case.startswith("softmax"):
+            continue
+        tol = TOLERANCE[case.split()[1]]
+        for key in ("elbo", "grad"):
+            assert r[key] <= tol, f"{case}: {key} differs by {r[key]:.3g} (> {tol})"
+
+
+def test_the_data_parallel_step_has_one_all_reduce_and_no_all_gather(two_devices):
+    for case, r in two_devices.items():
+        if case.startswith("softmax"):
+            continue
+        expected = {op: int(op == "all-reduce") for op in COLLECTIVES}
+        assert r["collectives"] == expected, f"{case}: {r['collectives']}"
+
+
+def test_collectives_are_counted_in_hlo_text():
+    hlo = ("  %all-reduce.1 = (f32[], f32[5]) all-reduce(f32[] %a, f32[5] %b), replica_groups={{0,1}}\n"
+           "  %ag = f32[16,36]{1,0} all-gather(f32[8,36]{1,0} %x), dimensions={0}\n"
+           "  %ags = (f32[8], f32[16]) all-gather-start(f32[8] %y), dimensions={0}\n"
+           "  %agd = f32[16] all-gather-done((f32[8], f32[16]) %ags)\n")
+    assert count_collectives(hlo) == {"all-reduce": 1, "all-gather": 2, "all-to-all": 0, "collective-permute": 0,
+                                      "reduce-scatter": 0}
 
 
 def test_devices_argument_is_checked_before_tracing():
@@ -117,6 +174,26 @@ def test_devices_argument_is_checked_before_tracing():
     with pytest.raises(InvalidArgumentError, match="does not split minibatches") as error:
         fit(pg, X, y, steps=1, devices=1, progress=False)
     assert error.value.argument == "devices"
+
+
+def test_families_with_per_point_draws_keep_the_sharding_constraint_step():
+    from gpzoo.inference.fit import build_family  # noqa: PLC0415
+    from gpzoo.inference.inducing import inducing_for  # noqa: PLC0415
+    from gpzoo.inference.sharding import per_point_draws  # noqa: PLC0415
+    from gpzoo.models import zoo  # noqa: PLC0415
+    from gpzoo.models.likelihoods import Softmax  # noqa: PLC0415
+    import jax  # noqa: PLC0415
+
+    images = np.random.default_rng(0).uniform(size=(12, 36))
+    common = {"input_dim": 36, "image_shape": (6, 6), "num_inducing": 4}
+    expected = {("svgp-rbf", "binary"): False, ("svgp-rbf", "softmax"): True, ("conv", "binary"): False,
+                ("invariant-rot", "binary"): False, ("deep-conv", "binary"): True}
+    for (name, task), draws in expected.items():
+        options = ({"task": "binary", "num_classes": 2} if task == "binary" else
+                   {"task": "multiclass", "num_classes": 3, "likelihood": Softmax(num_classes=3)})
+        spec = zoo.get(name, **common, **options)
+        inducing = inducing_for(spec, images, jax.random.PRNGKey(0), None)
+        assert per_point_draws(build_family(spec, inducing, 2 if task == "binary" else 3)) is draws, (name, task)
 
 
 if __name__ == "__main__":
