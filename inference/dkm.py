@@ -84,6 +84,7 @@ __all__ = [
     "raw_from_chol",
     "wishart_skr",
     "nystrom",
+    "nystrom_fused",
     "gram_kl",
     "init_params",
     "forward",
@@ -196,6 +197,102 @@ def nystrom(K_chol, K_ti, K_t, G_tilde, residual_tol: float | None = None):
     G_t = (quad + jnp.maximum(residual, 0.0)).reshape(K_t.shape)  # [B, *S]
     checks = {"min_residual": jnp.min(ratio), "residual_ok": jnp.min(ratio) >= -tol}
     return GramBlocks(G_tilde, G_ti, G_t), checks
+
+
+def _moments_forward(K_ii, K_it, k_t, Sigma, mean, shared: bool):
+    """Forward of :func:`_nystrom_moments`: outputs and the residuals its VJP reads."""
+    L = jnp.linalg.cholesky(K_ii)  # [P, P]
+    X = solve_triangular(L, K_it, lower=True)  # [P, N] = L⁻¹ K_it
+    W = solve_triangular(L, X, lower=True, trans="T")  # [P, N] = K⁻¹ K_it
+    SW = Sigma @ W  # [P, N]
+    residual = k_t - jnp.sum(X * X, axis=0)  # [N]
+    positive = residual > 0.0  # [N]
+    out_t = jnp.sum(W * SW, axis=0) + jnp.where(positive, residual, 0.0)  # [N]
+    ratio = residual / jnp.maximum(jnp.abs(k_t), jnp.finfo(k_t.dtype).tiny)  # [N]
+    if shared:
+        out_ti = SW.T  # [N, P] = K_ti K⁻¹ Σ
+        mean_solved, kl_mean = None, jnp.zeros((), K_ii.dtype)
+    else:
+        out_ti = W.T @ mean  # [N, C]
+        m = solve_triangular(L, mean, lower=True)  # [P, C] = L⁻¹ mean
+        kl_mean = 0.5 * jnp.sum(m * m)
+        mean_solved = solve_triangular(L, m, lower=True, trans="T")  # [P, C] = K⁻¹ mean
+    outputs = (out_ti, out_t, kl_mean, jnp.min(ratio), L)
+    return outputs, (L, W, SW, positive, Sigma, mean, mean_solved)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _nystrom_moments(K_ii, K_it, k_t, Sigma, mean, shared: bool):
+    """Nyström moments with K = K_ii factorised inside, and their VJP in closed form.
+
+    With W = K⁻¹ K_it ``[P, N]`` (two triangular solves against L = chol K_ii, via X = L⁻¹ K_it):
+
+        out_ti = Wᵀ mean ``[N, C]`` (``shared``: mean = Σ, out_ti = (Σ W)ᵀ ``[N, P]``),
+        out_t  = diag(Wᵀ Σ W) + max(k_t − ‖X‖², 0) ``[N]``,
+        kl_mean = ½ meanᵀ K⁻¹ mean (0 when ``shared``),
+
+    plus the smallest relative residual and L (diagnostics: no gradient flows through them).
+    The VJP (cotangents ō_ti, ō_t, c̄; q̄ = ō_t, r̄ = ō_t where the residual is positive):
+
+        W̄ = mean ō_tiᵀ + 2 Σ W diag(q̄),  Z = K⁻¹ W̄,
+        K̄_it = Z − 2 W diag(r̄),  K̄_ii = −(Z − W diag(r̄)) Wᵀ − ½ c̄ K⁻¹mean meanᵀK⁻¹,
+        Σ̄ = W diag(q̄) Wᵀ (+ W ō_ti when shared),  mean̄ = W ō_ti + c̄ K⁻¹ mean,  k̄_t = r̄.
+
+    It never differentiates through the Cholesky factorisation (autodiff would, with two triangular
+    solves and three products per factor) and stacks the two ``[P, N] × [N, P]`` products into one.
+    """
+    return _moments_forward(K_ii, K_it, k_t, Sigma, mean, shared)[0]
+
+
+def _nystrom_moments_fwd(K_ii, K_it, k_t, Sigma, mean, shared):
+    return _moments_forward(K_ii, K_it, k_t, Sigma, mean, shared)
+
+
+def _nystrom_moments_bwd(shared, residuals, cotangents):
+    L, W, SW, positive, Sigma, mean, mean_solved = residuals
+    o_ti, o_t, c_kl = cotangents[:3]
+    r = jnp.where(positive, o_t, 0.0)  # [N]
+    if shared:
+        W_bar = Sigma @ (o_ti.T + 2.0 * W * o_t)  # [P, N]
+    else:
+        W_bar = mean @ o_ti.T + 2.0 * SW * o_t  # [P, N]
+    Z = solve_triangular(L, solve_triangular(L, W_bar, lower=True), lower=True, trans="T")  # [P, N] = K⁻¹ W̄
+    Wq = W * o_t  # [P, N]
+    P = W.shape[0]
+    if shared:  # one [2P, N] × [N, P] product: rows [−K̄_ii; Σ̄ᵀ]
+        stacked = jnp.concatenate([Z - W * r, o_ti.T + Wq], axis=0) @ W.T  # [2P, P]
+        K_bar, Sigma_bar, mean_bar = -stacked[:P], stacked[P:].T, jnp.zeros_like(mean)
+    else:
+        stacked = jnp.concatenate([Z - W * r, Wq], axis=0) @ W.T  # [2P, P]
+        K_bar = -stacked[:P] - 0.5 * c_kl * (mean_solved @ mean_solved.T)
+        Sigma_bar, mean_bar = stacked[P:].T, W @ o_ti + c_kl * mean_solved
+    return K_bar, Z - 2.0 * W * r, r, Sigma_bar, mean_bar
+
+
+_nystrom_moments.defvjp(_nystrom_moments_fwd, _nystrom_moments_bwd)
+
+
+def nystrom_fused(K_ii, K_ti, K_t, Sigma, mean=None, residual_tol: float | None = None):
+    """Nyström prediction that factorises K_ii itself, with a closed-form VJP (:func:`_nystrom_moments`).
+
+    K_ii ``[P, P]`` (jitter included), K_ti ``[B, *S, P]``, K_t ``[B, *S]``, Sigma ``[P, P]``.
+    ``mean`` None: the Gram-layer step of :func:`nystrom` with G̃ = Sigma, returns
+    ``(GramBlocks(Sigma, G_ti, G_t), checks, L)``. ``mean [P, C]``: the output GP's marginals
+    f_mean = K_ti K⁻¹ mean ``[B, C]`` and f_var = diag(K_ti K⁻¹ Σ K⁻¹ K_it) + max(residual, 0) ``[B]``,
+    returns ``((f_mean, f_var, ½ meanᵀK⁻¹mean), checks, L)``. Same values as :func:`nystrom` /
+    :func:`forward`'s output step to rounding; ``checks`` and L = chol K_ii carry no gradient.
+    """
+    shape = K_ti.shape  # [B, *S, P]
+    P = shape[-1]
+    tol = default_residual_tol(K_ti.dtype) if residual_tol is None else residual_tol
+    shared = mean is None
+    out_ti, out_t, kl_mean, min_ratio, L = _nystrom_moments(
+        K_ii, K_ti.reshape(-1, P).T, K_t.reshape(-1), Sigma, Sigma if shared else mean, shared)
+    min_ratio, L = jax.lax.stop_gradient(min_ratio), jax.lax.stop_gradient(L)
+    checks = {"min_residual": min_ratio, "residual_ok": min_ratio >= -tol, "chol_ok": jnp.all(jnp.isfinite(L))}
+    if shared:
+        return GramBlocks(Sigma, out_ti.reshape(shape), out_t.reshape(K_t.shape)), checks, L
+    return (out_ti, out_t, kl_mean), checks, L
 
 
 def gram_kl(G_chol, K_chol, K, form: str = "taylor_symmetric"):
@@ -316,16 +413,21 @@ def gram_layers(params, config: DKMConfig, X, noise=None, *, _init: bool = False
         lp = dict(params["layers"][index])
         K = _layer_prior(lp, spec, config, G)  # ii [P,P], ti [B,*S,P], t [B,*S]
         K_ii, jitter = _jittered(K.ii, config.kernel_jitter)
-        L = jnp.linalg.cholesky(K_ii)  # [P, P]
-        if _init:
-            lp["V"] = raw_from_chol(L)
+        fused = _fused(config, _init)
+        if not fused:
+            L = jnp.linalg.cholesky(K_ii)  # [P, P]
+            if _init:
+                lp["V"] = raw_from_chol(L)
         V = chol_factor(lp["V"])  # [P, P]
         if noise is None:
             G_tilde = wishart_skr(None, V, config.layer_gamma(index), config.skr_jitter, train=False)  # [P, P]
         else:
             G_tilde = wishart_from_noise(V, noise[index], config.skr_jitter)  # [P, P]
-        G, checks = nystrom(L, K.ti, K.t, G_tilde, config.residual_tol)
-        checks["chol_ok"] = jnp.all(jnp.isfinite(L))
+        if fused:
+            G, checks, L = nystrom_fused(K_ii, K.ti, K.t, G_tilde, residual_tol=config.residual_tol)
+        else:
+            G, checks = nystrom(L, K.ti, K.t, G_tilde, config.residual_tol)
+            checks["chol_ok"] = jnp.all(jnp.isfinite(L))
         aux["checks"][name] = checks
         aux["kl"][name] = gram_kl(V, L, K_ii, config.kl)
         aux["jitter"][name] = jitter
@@ -360,15 +462,30 @@ def _residual_tol(config: DKMConfig, dtype) -> float:
     return default_residual_tol(dtype) if config.residual_tol is None else config.residual_tol
 
 
+def _fused(config: DKMConfig, init: bool) -> bool:
+    """Whether a step uses :func:`nystrom_fused` (its own factorisation of K_ii and a closed-form VJP).
+
+    The Taylor KLs read K_ii, not its factor, so nothing else differentiates through chol K_ii;
+    the exact KL (log|K| from the factor) and the initialising pass (V set to chol K_ii before G̃
+    is formed) factorise K_ii outside and use :func:`nystrom` with autodiff.
+    """
+    return config.kl != "exact" and not init
+
+
+def _output_prior(output_params, config: DKMConfig, G: GramBlocks):
+    K = GRAM_KERNELS[config.kernel](G, jnp.exp(output_params["log_scale"]), jnp.exp(output_params["log_bias"]))
+    K_ii, jitter = _jittered(K.ii, config.kernel_jitter)
+    return GramBlocks(K_ii, K.ti, K.t), jitter
+
+
 def output_kernel(output_params, config: DKMConfig, G: GramBlocks):
     """The output GP's kernel blocks from the last flat Gram blocks: ``(K, L, jitter)``.
 
     K = Φ(G) with the output layer's scale and bias (ii ``[P, P]``, ti ``[B, P]``, t ``[B]``);
     L = chol(K_ii + jitter·I) ``[P, P]``, the prior covariance of the output inducing values.
     """
-    K = GRAM_KERNELS[config.kernel](G, jnp.exp(output_params["log_scale"]), jnp.exp(output_params["log_bias"]))
-    K_ii, jitter = _jittered(K.ii, config.kernel_jitter)
-    return GramBlocks(K_ii, K.ti, K.t), jnp.linalg.cholesky(K_ii), jitter
+    K, jitter = _output_prior(output_params, config, G)
+    return K, jnp.linalg.cholesky(K.ii), jitter
 
 
 def output_checks(config: DKMConfig, K: GramBlocks, L, X_s):
@@ -396,6 +513,16 @@ def forward(params, config: DKMConfig, X, key=None, train: bool = False, *, _ini
     G, blocks, aux, new_layers = gram_layers(params, config, X, noise, _init=_init)
     out = {"blocks": blocks}
     op = dict(params["output"])
+    num_classes = op["mu"].shape[-1]
+    if _fused(config, _init):
+        K, jitter = _output_prior(op, config, G)  # ii [P,P], ti [B,P], t [B]
+        S_chol = chol_factor(op["V"])  # [P, P], Σ = S Sᵀ shared by the classes
+        (f_mean, f_var, kl_mean), aux["checks"]["output"], _ = nystrom_fused(
+            K.ii, K.ti, K.t, S_chol @ S_chol.T, op["mu"], residual_tol=_residual_tol(config, K.t.dtype))
+        out["f_mean"], out["f_var"] = f_mean, f_var  # [B, C], [B]
+        aux["kl"]["output"] = num_classes * gram_kl(S_chol, None, K.ii, config.kl) + kl_mean
+        aux["jitter"]["output"] = jitter
+        return out, aux
     K, L, jitter = output_kernel(op, config, G)  # ii [P,P], ti [B,P], t [B]; L [P, P]
     if _init:
         op["V"] = raw_from_chol(L)
@@ -406,7 +533,6 @@ def forward(params, config: DKMConfig, X, key=None, train: bool = False, *, _ini
     residual, aux["checks"]["output"] = output_checks(config, K, L, X_s)
     out["f_mean"] = X_s.T @ mu_s  # [B, C]
     out["f_var"] = jnp.maximum(residual, 0.0) + jnp.sum((Y.T @ X_s) ** 2, axis=0)  # [B]
-    num_classes = op["mu"].shape[-1]
     aux["kl"]["output"] = num_classes * gram_kl(S_chol, L, K.ii, config.kl) + 0.5 * jnp.sum(mu_s * mu_s)
     aux["jitter"]["output"] = jitter
     if _init:

@@ -1,0 +1,136 @@
+"""The fused Nyström step (``nystrom_fused``: K_ii factorised inside, closed-form VJP) against autodiff.
+
+Values and gradients must equal those of the plain program (chol K_ii outside, :func:`nystrom` and
+the output GP's triangular solves, differentiated by JAX), in float64 to rounding and in float32
+(the library default) to single precision.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.scipy.linalg import solve_triangular
+
+from gpzoo.inference import dkm
+from gpzoo.inference.dkm import DKMConfig, GramLayerSpec, nystrom, nystrom_fused
+from gpzoo.models.likelihoods import Softmax
+
+
+def _problem(dtype, spatial=()):
+    """Unconstrained (A, B, K_ti, K_t, mean, weights): K_ii = A Aᵀ/6 + 0.1 I, Σ = B Bᵀ/6, some residuals < 0."""
+    rng = np.random.default_rng(21)
+    P, N = 5, 7
+    A = jnp.asarray(rng.normal(size=(P, 6)), dtype)
+    B = jnp.asarray(rng.normal(size=(P, 6)), dtype)
+    K_ti = jnp.asarray(0.3 * rng.normal(size=(N, *spatial, P)), dtype)
+    K_t = jnp.asarray(rng.uniform(0.5, 2.0, size=(N, *spatial)), dtype)
+    K_t = K_t.reshape(-1).at[:2].set(1e-3).reshape(K_t.shape)  # below ‖L⁻¹k‖²: clipped residuals
+    mean = jnp.asarray(rng.normal(size=(P, 3)), dtype)
+    w_ti = jnp.asarray(rng.normal(size=(N, *spatial, P)), dtype)
+    w_t = jnp.asarray(rng.normal(size=(N, *spatial)), dtype)
+    return A, B, K_ti, K_t, mean, w_ti, w_t
+
+
+def _gram(A, jitter=0.0):
+    return A @ A.T / A.shape[1] + jitter * jnp.eye(A.shape[0], dtype=A.dtype)
+
+
+def _tol(dtype):
+    return (1e-11, 1e-12) if dtype == jnp.float64 else (2e-4, 2e-5)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize("spatial", [(), (2, 3)])
+def test_layer_step_and_its_gradients_equal_autodiff_of_nystrom(dtype, spatial):
+    A, B, K_ti, K_t, _, w_ti, w_t = _problem(dtype, spatial)
+
+    def plain(A, B, K_ti, K_t):
+        G, _ = nystrom(jnp.linalg.cholesky(_gram(A, 0.1)), K_ti, K_t, _gram(B))
+        return jnp.sum(w_ti * G.ti) + jnp.sum(w_t * G.t) + jnp.sum(G.ii)
+
+    def fused(A, B, K_ti, K_t):
+        G, _, _ = nystrom_fused(_gram(A, 0.1), K_ti, K_t, _gram(B))
+        return jnp.sum(w_ti * G.ti) + jnp.sum(w_t * G.t) + jnp.sum(G.ii)
+
+    rtol, atol = _tol(dtype)
+    G_plain, checks_plain = nystrom(jnp.linalg.cholesky(_gram(A, 0.1)), K_ti, K_t, _gram(B))
+    G_fused, checks, L = nystrom_fused(_gram(A, 0.1), K_ti, K_t, _gram(B))
+    for a, b in zip(G_fused, G_plain):
+        assert a.dtype == dtype and a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+    np.testing.assert_allclose(L, jnp.linalg.cholesky(_gram(A, 0.1)), rtol=rtol, atol=atol)
+    np.testing.assert_allclose(checks["min_residual"], checks_plain["min_residual"], rtol=rtol)
+    assert float(checks["min_residual"]) < 0 and bool(checks["chol_ok"])
+    grads_plain = jax.jit(jax.grad(plain, argnums=(0, 1, 2, 3)))(A, B, K_ti, K_t)
+    grads_fused = jax.jit(jax.grad(fused, argnums=(0, 1, 2, 3)))(A, B, K_ti, K_t)
+    for a, b in zip(grads_fused, grads_plain):
+        assert a.dtype == dtype
+        np.testing.assert_allclose(a, b, rtol=10 * rtol, atol=10 * atol)
+    assert float(jnp.max(jnp.abs(grads_fused[3].reshape(-1)[:2]))) == 0.0  # clipped residual: no gradient
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_output_moments_and_gradients_equal_the_triangular_solve_program(dtype):
+    A, B, K_ti, K_t, mean, w_ti, _ = _problem(dtype)
+    w_mean = w_ti[:, :3]
+
+    def plain(A, B, K_ti, K_t, mean):  # the output step of dkm.forward written with solves against L
+        L = jnp.linalg.cholesky(_gram(A, 0.1))
+        X_s = solve_triangular(L, K_ti.T, lower=True)
+        mu_s = solve_triangular(L, mean, lower=True)
+        Y = solve_triangular(L, B / jnp.sqrt(6.0), lower=True)
+        f_var = jnp.maximum(K_t - jnp.sum(X_s * X_s, 0), 0.0) + jnp.sum((Y.T @ X_s) ** 2, 0)
+        return X_s.T @ mu_s, f_var, 0.5 * jnp.sum(mu_s * mu_s)
+
+    def fused(A, B, K_ti, K_t, mean):
+        return nystrom_fused(_gram(A, 0.1), K_ti, K_t, _gram(B), mean)[0]
+
+    def scalar(moments):
+        def f(*args):
+            f_mean, f_var, kl = moments(*args)
+            return jnp.sum(w_mean * f_mean) + jnp.sum(jnp.sin(f_var)) + 1.7 * kl
+        return f
+
+    rtol, atol = _tol(dtype)
+    args = (A, B, K_ti, K_t, mean)
+    for a, b in zip(fused(*args), plain(*args)):
+        assert a.dtype == dtype and a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+    K_inv = np.linalg.inv(np.asarray(_gram(A, 0.1), np.float64))
+    np.testing.assert_allclose(fused(*args)[2], 0.5 * np.sum(np.asarray(mean) * (K_inv @ np.asarray(mean))), rtol=rtol)
+    grads_fused = jax.jit(jax.grad(scalar(fused), argnums=range(5)))(*args)
+    for a, b in zip(grads_fused, jax.jit(jax.grad(scalar(plain), argnums=range(5)))(*args)):
+        assert a.dtype == dtype
+        np.testing.assert_allclose(a, b, rtol=10 * rtol, atol=10 * atol)
+
+
+@pytest.mark.parametrize("precision, kl", [("float64", "taylor_frobenius"), ("float32", "taylor_symmetric")],
+                         indirect=["precision"])
+def test_fused_objective_and_gradient_equal_the_autodiff_program(precision, kl, monkeypatch):
+    """The whole training objective (an fc Gram layer with a mixing matrix 8 -> 6, SE kernel, softmax
+    output, SKR on) and its gradient are the same with the fused step and with the plain one."""
+    dtype = jnp.float64 if precision == "float64" else jnp.float32
+    rng = np.random.default_rng(5)
+    X = jnp.asarray(rng.normal(size=(20, 2)), dtype)
+    y = jnp.asarray(rng.integers(0, 2, 20))
+    config = DKMConfig(layers=(GramLayerSpec(6),), likelihood=Softmax(num_classes=2, num_mc_samples=4),
+                       num_outputs=2, num_input_inducing=8, kernel="squared_exponential", nu=0.5, skr=True,
+                       skr_gamma=4, kl=kl)
+    params = dkm.init_params(jax.random.PRNGKey(0), config, X)
+    params = jax.tree_util.tree_map(  # move away from the NNGP start so every KL and gradient is non-zero
+        lambda a: a + jnp.asarray(0.05 * rng.normal(size=a.shape), a.dtype), params)
+    key = jax.random.PRNGKey(3)
+
+    def value_and_grad():
+        return jax.jit(jax.value_and_grad(lambda p: dkm.objective(p, config, X, y, 40, key)[0]))(params)
+
+    value, grads = value_and_grad()
+    monkeypatch.setattr(dkm, "_fused", lambda config, init: False)
+    value_plain, grads_plain = value_and_grad()
+    rtol = 1e-10 if dtype == jnp.float64 else 1e-4
+    assert value.dtype == dtype
+    np.testing.assert_allclose(value, value_plain, rtol=rtol)
+    scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree_util.tree_leaves(grads_plain))
+    for a, b in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(grads_plain)):
+        assert a.dtype == dtype
+        np.testing.assert_allclose(a, b, rtol=rtol * 10, atol=rtol * 10 * scale)
