@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import threadpoolctl
+from jax.flatten_util import ravel_pytree
 from jax.scipy.linalg import cho_solve, solve_triangular
 
 from gpzoo.models import draws
@@ -70,6 +71,7 @@ from gpzoo.models.kernels.gram import (
     conv_output_shape,
     convex_combination,
     dense_mix,
+    diagonal,
     flatten_mix,
     global_average_pool,
     linear_input_gram,
@@ -118,14 +120,17 @@ def chol_factor(raw):
     entries O(1) for the optimiser.
     """
     P = raw.shape[-1]
-    return (jnp.tril(raw, -1) + jnp.diag(jnp.exp(jnp.diagonal(raw)))) / math.sqrt(P)  # [P, P]
+    below = np.arange(P)[:, None] > np.arange(P)[None, :]  # [P, P] strictly lower
+    on = np.eye(P, dtype=bool)  # [P, P]
+    # one select, no gather/scatter of the diagonal: exp(raw) on it, raw below, 0 above
+    return jnp.where(below, raw, jnp.where(on, jnp.exp(jnp.where(on, raw, 0.0)), 0.0)) / math.sqrt(P)  # [P, P]
 
 
 def raw_from_chol(L):
     """Inverse of :func:`chol_factor`: the ``raw [P, P]`` whose factor is the Cholesky factor L."""
     P = L.shape[-1]
     scaled = L * math.sqrt(P)  # [P, P]
-    return jnp.tril(scaled, -1) + jnp.diag(jnp.log(jnp.diagonal(scaled)))
+    return jnp.tril(scaled, -1) + jnp.diag(jnp.log(diagonal(scaled)))
 
 
 # --------------------------------------------------------------------------- SKR, Nyström, KL
@@ -289,10 +294,37 @@ def nystrom_fused(K_ii, K_ti, K_t, Sigma, mean=None, residual_tol: float | None 
     out_ti, out_t, kl_mean, min_ratio, L = _nystrom_moments(
         K_ii, K_ti.reshape(-1, P).T, K_t.reshape(-1), Sigma, Sigma if shared else mean, shared)
     min_ratio, L = jax.lax.stop_gradient(min_ratio), jax.lax.stop_gradient(L)
-    checks = {"min_residual": min_ratio, "residual_ok": min_ratio >= -tol, "chol_ok": jnp.all(jnp.isfinite(L))}
+    # a failed factorisation is NaN on the whole lower triangle, so its diagonal tells
+    checks = {"min_residual": min_ratio, "residual_ok": min_ratio >= -tol, "chol_ok": jnp.all(jnp.isfinite(diagonal(L)))}
     if shared:
         return GramBlocks(Sigma, out_ti.reshape(shape), out_t.reshape(K_t.shape)), checks, L
     return (out_ti, out_t, kl_mean), checks, L
+
+
+@jax.custom_vjp
+def _taylor_frobenius(G_chol, K):
+    """¼‖G⁻¹K − I‖²_F for G = V Vᵀ (V = ``G_chol`` lower triangular), with its VJP in closed form.
+
+    With D = G⁻¹K − I and E = G⁻¹D: K̄ = ½ E, Ḡ = −½ E (D + I)ᵀ, V̄ = tril((Ḡ + Ḡᵀ) V) (only V's
+    lower triangle is read). Two triangular solves and two products, where autodiff of ``cho_solve``
+    takes four solves and three products.
+    """
+    return _taylor_frobenius_fwd(G_chol, K)[0]
+
+
+def _taylor_frobenius_fwd(G_chol, K):
+    D = cho_solve((G_chol, True), K) - jnp.eye(K.shape[-1], dtype=K.dtype)  # [P, P] = G⁻¹K − I
+    return 0.25 * jnp.sum(D * D), (G_chol, D)
+
+
+def _taylor_frobenius_bwd(residuals, f_bar):
+    G_chol, D = residuals
+    E = cho_solve((G_chol, True), D)  # [P, P] = G⁻¹D
+    G_bar = -0.5 * f_bar * (E @ (D.T + jnp.eye(D.shape[-1], dtype=D.dtype)))  # [P, P]
+    return jnp.tril((G_bar + G_bar.T) @ G_chol), 0.5 * f_bar * E
+
+
+_taylor_frobenius.defvjp(_taylor_frobenius_fwd, _taylor_frobenius_bwd)
 
 
 def gram_kl(G_chol, K_chol, K, form: str = "taylor_symmetric"):
@@ -331,12 +363,11 @@ def gram_kl(G_chol, K_chol, K, form: str = "taylor_symmetric"):
     eye = jnp.eye(P, dtype=K.dtype)
     if form == "exact":
         trace = jnp.sum(solve_triangular(K_chol, G_chol, lower=True) ** 2)  # tr(K⁻¹G)
-        logdet_K = 2.0 * jnp.sum(jnp.log(jnp.diagonal(K_chol)))
-        logdet_G = 2.0 * jnp.sum(jnp.log(jnp.diagonal(G_chol)))
+        logdet_K = 2.0 * jnp.sum(jnp.log(diagonal(K_chol)))
+        logdet_G = 2.0 * jnp.sum(jnp.log(diagonal(G_chol)))
         return 0.5 * (trace - P + logdet_K - logdet_G)
     if form == "taylor_frobenius":
-        D = cho_solve((G_chol, True), K) - eye  # [P, P] = G⁻¹K − I
-        return 0.25 * jnp.sum(D * D)
+        return _taylor_frobenius(G_chol, K)  # ¼‖D‖²_F, D = G⁻¹K − I
     if form == "taylor_symmetric":
         A = solve_triangular(G_chol, K, lower=True)  # [P, P] = V⁻¹K
         D = solve_triangular(G_chol, A.T, lower=True) - eye  # [P, P] = V⁻¹KV⁻ᵀ − I
@@ -386,7 +417,7 @@ def _layer_prior(lp, spec: GramLayerSpec, config: DKMConfig, G_prev: GramBlocks)
 
 def _jittered(K_ii, rel_jitter: float):
     P = K_ii.shape[-1]
-    jitter = rel_jitter * jnp.mean(jnp.diagonal(K_ii))
+    jitter = rel_jitter * jnp.mean(diagonal(K_ii))
     return K_ii + jitter * jnp.eye(P, dtype=K_ii.dtype), jitter
 
 
@@ -447,7 +478,7 @@ def gram_layers(params, config: DKMConfig, X, noise=None, *, _init: bool = False
     blocks = G
     if config.architecture == "conv":
         if config.head == "gap":
-            G, head_checks = global_average_pool(G, config.kernel_jitter * jnp.mean(jnp.diagonal(G.ii)))
+            G, head_checks = global_average_pool(G, config.kernel_jitter * jnp.mean(diagonal(G.ii)))
             aux["checks"]["head"] = {
                 "chol_ok": head_checks["chol_ok"],
                 "min_residual": head_checks["min_residual"],
@@ -766,6 +797,8 @@ def compiled_train_step(config: DKMConfig, num_data: int, batch_size: int, b1: f
     """The jitted Adam step for one config and data size, compiled once and cached per config.
 
     ν and the learning rate are arguments, so runs that differ only in them share the compile.
+    Returns ``(optimiser, step)``: Adam runs on the parameters raveled into one vector (one update
+    and one finiteness guard instead of one per leaf); ``optimiser.init(params)`` takes the pytree.
     """
     cache = _STEP_CACHE.setdefault(config, {})
     cache_key = (num_data, batch_size, b1, b2)
@@ -785,16 +818,18 @@ def compiled_train_step(config: DKMConfig, num_data: int, batch_size: int, b1: f
             X, y = X[idx], y[idx]
         # full batch: the objective is a sum over all points, so no permutation (a sort) and no gather
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, X, y, k_obj, nu)
-        leaves_finite = [jnp.all(jnp.isfinite(g)) for g in jax.tree_util.tree_leaves(grads)]
+        flat_p, unravel = ravel_pytree(p)  # [n_params]: Adam and the guard on one vector
+        flat_g = ravel_pytree(grads)[0]
         checks_ok = [c["chol_ok"] & c["residual_ok"] for c in aux["checks"].values()]
-        ok = jnp.isfinite(loss) & jnp.all(jnp.stack(leaves_finite)) & jnp.all(jnp.stack(checks_ok))
-        updates, new_state = adam.update(grads, state, p)
-        new_p = jax.tree_util.tree_map(lambda a, u: a - learning_rate * u, p, updates)
-        keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa: E731
-        return keep(new_p, p), keep(new_state, state), loss, aux, ok
+        ok = jnp.isfinite(loss) & jnp.all(jnp.isfinite(flat_g)) & jnp.all(jnp.stack(checks_ok))
+        updates, new_state = adam.update(flat_g, state, flat_p)
+        new_p = jnp.where(ok, flat_p - learning_rate * updates, flat_p)
+        new_state = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new_state, state)
+        return unravel(new_p), new_state, loss, aux, ok
 
-    cache[cache_key] = (adam, step)
-    return adam, step
+    # the state lives on the flattened parameters (optax.flatten: init ravels the pytree)
+    cache[cache_key] = (optax.flatten(adam), step)
+    return cache[cache_key]
 
 
 def train_dkm(params, config: DKMConfig, X, y, *, steps: int, key, batch_size: int | None = None,

@@ -436,7 +436,9 @@ class Softmax(_Categorical):
             )
         log_p = self._log_softmax_samples(mean, var, key)  # [S, N, C]
         labels = jnp.asarray(y).astype(jnp.int32)  # [N]
-        return jnp.mean(jnp.take_along_axis(log_p, labels[None, :, None], axis=-1)[..., 0], axis=0)
+        # a one-hot mask instead of take_along_axis: same values, and its gradient is a product, not a scatter-add
+        one_hot = labels[:, None] == jnp.arange(self.num_classes)  # [N, C]
+        return jnp.mean(jnp.sum(jnp.where(one_hot, log_p, 0.0), axis=-1), axis=0)
 
     def distribution(self, f) -> dist.Distribution:
         return dist.CategoricalLogits(f)  # batch [N], f [N, C]

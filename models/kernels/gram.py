@@ -48,6 +48,7 @@ from jax.scipy.linalg import solve_triangular
 
 __all__ = [
     "GramBlocks",
+    "diagonal",
     "arccos_kernel",
     "normalised_gaussian_kernel",
     "squared_exponential_kernel",
@@ -64,6 +65,16 @@ __all__ = [
 ]
 
 _TINY = 1e-30  # floor under squared norms (zero-padded background pixels have G_t = 0)
+
+
+def diagonal(A):
+    """The diagonal of a square ``A [P, P]`` as a strided slice of its flattened entries ``[P]``.
+
+    Same values as ``jnp.diagonal``, whose gradient XLA computes with a scatter-add per call
+    (one of the slowest small ops of a CPU step); a slice's gradient is a padding.
+    """
+    P = A.shape[-1]
+    return A.reshape(P * P)[:: P + 1]
 
 
 class GramBlocks(NamedTuple):
@@ -98,7 +109,7 @@ def _arccos_j1_jvp(primals, tangents):
 
 def _cosines(G: GramBlocks):
     """Norm products and cosines of every block entry: ii ``[P, P]`` x2, ti ``[B, *S, P]`` x2."""
-    g_i = jnp.maximum(jnp.diagonal(G.ii), _TINY)  # [P]
+    g_i = jnp.maximum(diagonal(G.ii), _TINY)  # [P]
     g_t = jnp.maximum(G.t, _TINY)  # [B, *S]
     norm_ii = jnp.sqrt(g_i)[:, None] * jnp.sqrt(g_i)[None, :]  # [P, P]
     norm_ti = jnp.sqrt(g_t)[..., None] * jnp.sqrt(g_i)  # [B, *S, P]
@@ -169,7 +180,7 @@ def normalised_gaussian_kernel(G: GramBlocks, scale=1.0, bias=0.0, lengthscale=1
     diagonal-preserving. Milsom et al. 2024 (§4.1) use it as a cheaper, more stable
     alternative to the arc-cosine kernel.
     """
-    g_i = jnp.maximum(jnp.diagonal(G.ii), _TINY)  # [P]
+    g_i = jnp.maximum(diagonal(G.ii), _TINY)  # [P]
     g_t = jnp.maximum(G.t, _TINY)  # [B, *S]
     norm_ii = jnp.sqrt(g_i)[:, None] * jnp.sqrt(g_i)[None, :]  # [P, P]
     if isinstance(lengthscale, (int, float)):
@@ -189,7 +200,7 @@ def squared_exponential_kernel(G: GramBlocks, scale=1.0, bias=0.0, lengthscale=1
     is G (their squared distance from inner products); PSD for PSD G. Not diagonal-preserving:
     k(G)_ii = 1, so K_t = scale + bias. Milsom et al. 2024 (§4.2) use it in their one-layer toy.
     """
-    g_i = jnp.diagonal(G.ii)  # [P]
+    g_i = diagonal(G.ii)  # [P]
     inv_2l2 = 0.5 / (lengthscale * lengthscale)
     d_ii = jnp.maximum(g_i[:, None] + g_i[None, :] - 2.0 * G.ii, 0.0)  # [P, P]
     d_ti = jnp.maximum(G.t[..., None] + g_i - 2.0 * G.ti, 0.0)  # [B, *S, P]
@@ -333,7 +344,7 @@ def batch_kernel_norm(G: GramBlocks, log_scale_inducing, log_scale_data, mode: s
     learned scales s_i = exp(log_scale_inducing) and s_t = exp(log_scale_data) restore a size:
     G_ii ← s_i² G_ii/√(d_i d_j), G_ti ← s_i s_t G_ti/√(d_t d_i), G_t ← s_t² G_t/d_t.
     """
-    d_i = jnp.maximum(jnp.diagonal(G.ii), _TINY)  # [P]
+    d_i = jnp.maximum(diagonal(G.ii), _TINY)  # [P]
     if mode == "local":
         d_t = jnp.maximum(G.t, _TINY)  # [B, *S]
     elif mode == "image":
