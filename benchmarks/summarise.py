@@ -502,18 +502,36 @@ def _ray_speedup(report: dict) -> list[str]:
 
 @formatter("data_parallel_step")
 def _data_parallel_step(report: dict) -> list[str]:
-    s, step = report["setting"], report["step_s"]
-    rows = [[name, num(1e3 * t)] for name, t in step.items()]
+    s, step, cpu = report["setting"], report["step_s"], report.get("cpu_step_s", {})
+    busy = report.get("cores_busy", {})
+    rows = [[name, num(1e3 * t), num(1e3 * cpu[name]) if name in cpu else "—", num(busy.get(name))] for name, t in step.items()]
     lines = ["", f"`{s['model']}` on {s['data']} ({s['image_shape'][0]}×{s['image_shape'][1]}, "
                  f"{s['patch_shape'][0]}×{s['patch_shape'][1]} patches, M = {s['M']}), global batch B = {s['B']}, {s['dtype']}; "
                  f"median ms per step over {s['repeats']} interleaved calls of {s['steps_per_call']} steps, device "
                  f"{report['device']}."]
     if "ratio" in report:
         goals = ", ".join(f"{k}: {yes_no(v)}" for k, v in report["goals"].items())
-        lines[-1] += (f" 2-device / 1-device: {num(report['ratio'])}; parameters after the same updates differ by "
-                      f"{num(report['max_rel_diff'])} (relative). Goals: {goals}.")
+        lines[-1] += f" 2-device / 1-device: {num(report['ratio'])}"
+        if "cpu_ratio" in report:
+            lines[-1] += f" (CPU per step {num(report['cpu_ratio'])})"
+        if "elbo_grad_max_rel_diff" in report:
+            lines[-1] += (f"; ELBO and gradients differ from one device's by {num(report['elbo_grad_max_rel_diff'])} in "
+                          f"{s['dtype']} and {num(report['elbo_grad_max_rel_diff_float64'])} in float64 (relative); the "
+                          f"parameters after the same Adam updates by {num(report['max_rel_diff'])} in {s['dtype']} and "
+                          f"{num(report['max_rel_diff_float64'])} in float64, where reordering the rows on one device moves them by "
+                          f"{num(report['max_rel_diff_rows_permuted'])} and {num(report['max_rel_diff_float64_rows_permuted'])} (Adam's "
+                          "sqrt(v) turns rounding into steps where a gradient is zero up to rounding: the inducing patches', "
+                          f"{num(report['inducing_gradient_max_abs']['float32'])} in {s['dtype']} and "
+                          f"{num(report['inducing_gradient_max_abs']['float64'])} in float64)")
+        else:
+            lines[-1] += f"; parameters after the same updates differ by {num(report['max_rel_diff'])} (relative)"
+        lines[-1] += f". Goals: {goals}."
     lines[-1] += f" Measured on a shared machine ({_load(report)}). {provenance(report)}"
-    return lines + [""] + table(["program", "step (ms)"], rows)
+    if isinstance(report.get("analysis"), str):
+        lines += ["", report["analysis"]]
+    if not cpu:  # runs that recorded wall time only
+        return lines + [""] + table(["program", "step (ms)"], [row[:2] for row in rows])
+    return lines + [""] + table(["program", "step (ms)", "CPU per step (ms)", "cores busy"], rows)
 
 
 FORMATTERS["conv_kernels_mnist10"] = FORMATTERS["conv_kernels"]
