@@ -141,7 +141,7 @@ def chunk_of(program, steps: int):
 
 def note_for(report: dict) -> str:
     """Why the goal is or is not met, in this run's numbers."""
-    step, cpu, busy = report["step_s"], report["cpu_step_s"], report["cores_busy"]
+    cpu, busy = report["cpu_step_s"], report["cores_busy"]
     cores, load = report["machine"]["cpus_usable"], report["machine"]["load_average_start"][0]
     threads = {name: sum(t > 0.05 * cpu[name] for t in report["thread_cpu_step_s"][name].values()) for name in (ONE, TWO)}
     gathers = report["collectives"][CONSTRAINT]["all-gather"]
