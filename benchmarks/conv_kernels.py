@@ -8,7 +8,12 @@ Settings (``--config``), SE base kernel, float32, a minibatch of B = 100 images 
 * ``mnist10``: the configuration of ``gpflow_side_by_side.py``: ``load("mnist-10")``, zoo model
   ``weighted-conv`` (RobustMax, 10 latent GPs sharing the kernel), 5×5 patches (P = 576),
   M = 100; the patch weights are differentiated too; writes
-  ``benchmarks/results/conv_kernels_mnist10.json``.
+  ``benchmarks/results/conv_kernels_mnist10.json``;
+* ``mnist10-tick``: the same with zoo model ``weighted-tick`` (Dutordoir et al. 2020, eq. 2): TICK
+  shares the conv kernels' fused sweeps on patches augmented with their location (E + 2 columns;
+  Kuf takes the inducing locations Z_loc too); every patch is distinct once located, so there is
+  no distinct-patch sweep (``kff_distinct``, ``elbo_step_band_kff`` are left out: the default is
+  the band sweep); writes ``benchmarks/results/conv_kernels_mnist10_tick.json``.
 
 Measured in one run, interleaved call by call so that the load of a shared machine falls on all
 alike; each number is the median over ``--repeats`` calls of a jit-compiled function (compilation
@@ -34,7 +39,7 @@ and a warm-up call excluded), as wall-clock and as process CPU time (all threads
   ``kff_method="fused"`` (every pair), ``elbo_step_autodiff_kuf`` with ``kuf_method="autodiff"``.
 
 The physical bound of a step (DESIGN §6) is B·P²/exp_rate + Kuf_flops/matmul_rate with
-Kuf_flops = 2·B·P·M·E (cross term) + 2·B·P·E (patch norms); the step is reported as a multiple
+Kuf_flops = 2·B·P·M·E (cross term) + 2·B·P·E (patch norms) (E + 2 for TICK); the step is reported as a multiple
 of it (``step_over_bound``, from CPU times and from wall times).
 
 OpenBLAS threads are switched off (``OPENBLAS_NUM_THREADS=1``, set before numpy is imported, as
@@ -42,7 +47,7 @@ OpenBLAS threads are switched off (``OPENBLAS_NUM_THREADS=1``, set before numpy 
 of the ELBO go to LAPACK, where OpenBLAS's threads took ~8 ms per 100×100 solve instead of 0.1 ms
 on this 2-core machine and kept spinning afterwards, slowing the exp anchor measured next.
 
-    python benchmarks/conv_kernels.py [--config rectangles|mnist10] [--repeats 9] [--steps 10]
+    python benchmarks/conv_kernels.py [--config rectangles|mnist10|mnist10-tick] [--repeats 9] [--steps 10]
         [--quick] [--out PATH]
 """
 
@@ -83,6 +88,8 @@ CONFIGS = {
                        out=RESULTS / "conv_kernels.json"),
     "mnist10": dict(dataset="mnist-10", model="weighted-conv", task="multiclass", num_classes=10, patch=5, M=100,
                     out=RESULTS / "conv_kernels_mnist10.json"),
+    "mnist10-tick": dict(dataset="mnist-10", model="weighted-tick", task="multiclass", num_classes=10, patch=5, M=100,
+                         out=RESULTS / "conv_kernels_mnist10_tick.json"),
 }
 
 
@@ -133,6 +140,8 @@ def build_cases(config: str, B: int, image: int, steps: int, matmul_n: int, seed
     inducing = initialise_inducing(spec.inducing, spec.kernel, X_all, M, key, spec.inducing_init)
     Z = jnp.asarray(inducing.Z, DTYPE)  # [M, E]
     kernel = spec.kernel
+    located = hasattr(kernel, "location_lengthscale")  # TICK: inducing locations, no distinct-patch sweep
+    own_inducing = {"Z_loc": jnp.asarray(inducing.Z_loc, DTYPE)} if located else {}  # [M, 2]
     P, E = kernel.num_patches, kernel.patch_dim
     weighted = hasattr(kernel, "weights")
     weights = jnp.asarray(kernel.weights, DTYPE) if weighted else jnp.ones((), DTYPE)  # [P] (unused if not weighted)
@@ -148,7 +157,7 @@ def build_cases(config: str, B: int, image: int, steps: int, matmul_n: int, seed
 
     def kuf(**own):
         def value(Z, X, ls, var, w):
-            return kernel_with(ls, var, w, **own).Kzx(Z, X)  # [1, M, N]
+            return kernel_with(ls, var, w, **own).Kzx(Z, X, **own_inducing)  # [1, M, N]
 
         def grads(Z, X, ls, var, w):
             loss = lambda Z, ls, var, w: jnp.sum(value(Z, X, ls, var, w)[0] * kuf_cotangent)  # noqa: E731
@@ -166,7 +175,8 @@ def build_cases(config: str, B: int, image: int, steps: int, matmul_n: int, seed
     var = jnp.asarray(kernel.base_kernel.variance, DTYPE)
     kuf_fns = {"fused": kuf(kuf_method="fused"), "conv": kuf(kuf_method="autodiff", products="conv"),
                "matmul": kuf(kuf_method="autodiff", products="matmul")}
-    kff_fns = {m: kff(m) for m in ("distinct", "fused", "checkpoint", "naive")}
+    kff_methods = ("fused", "checkpoint", "naive") if located else ("distinct", "fused", "checkpoint", "naive")
+    kff_fns = {m: kff(m) for m in kff_methods}
 
     x_exp = jnp.linspace(0.0, 3.0, B * P * P, dtype=DTYPE).reshape(B, P * P)  # [B, P²]
     exp_sum = jax.jit(lambda x: jnp.sum(jnp.exp(-x)))
@@ -200,11 +210,9 @@ def build_cases(config: str, B: int, image: int, steps: int, matmul_n: int, seed
         "matmul": (matmul, (a,)),
         **{f"kuf_{m}": (kuf_fns[m][0], kuf_args) for m in kuf_fns},
         **{f"kuf_{m}_grad": (kuf_fns[m][1], kuf_args) for m in kuf_fns},
-        "kff_distinct": (kff_fns["distinct"], kff_args),
-        "kff_fused": (kff_fns["fused"], kff_args),
-        "kff_checkpoint": (kff_fns["checkpoint"], kff_args),
+        **{f"kff_{m}": (kff_fns[m], kff_args) for m in kff_methods if m != "naive"},
         "elbo_step": elbo_steps(),
-        "elbo_step_band_kff": elbo_steps(kff_method="fused"),
+        **({} if located else {"elbo_step_band_kff": elbo_steps(kff_method="fused")}),
         "elbo_step_autodiff_kuf": elbo_steps(kuf_method="autodiff"),
     }
     if naive:
@@ -220,18 +228,19 @@ def build_cases(config: str, B: int, image: int, steps: int, matmul_n: int, seed
         checks[f"kuf_{m}_vs_conv_grad_rel"] = _max_rel(kuf_fns[m][1](*kuf_args), ref_kuf_grads)
     ref = "naive" if naive else "checkpoint"
     ref_value, ref_grads = kff_fns[ref](*kff_args)
-    for m in [k for k in ("distinct", "fused", "checkpoint") if k != ref]:
+    for m in [k for k in kff_methods if k not in (ref, "naive")]:
         value, grads = kff_fns[m](*kff_args)
         checks[f"kff_{m}_vs_{ref}_value_rel"] = float(abs(value - ref_value) / abs(ref_value))
         checks[f"kff_{m}_vs_{ref}_grad_rel"] = _max_rel(grads, ref_grads)
-    temp = {f"kff_{m}": _temp_bytes(kff_fns[m], kff_args) for m in kff_fns if naive or m != "naive"}
+    temp = {f"kff_{m}": _temp_bytes(kff_fns[m], kff_args) for m in kff_methods if naive or m != "naive"}
     temp.update({f"kuf_{m}_grad": _temp_bytes(kuf_fns[m][1], kuf_args) for m in kuf_fns})
     setting = {"config": config, "model": cfg["model"], "B": B, "image_shape": list(shape), "patch_shape": list(patch_shape),
                "M": M, "P": P, "E": E, "num_latent": spec.likelihood.num_latent(cfg["num_classes"]), "dtype": "float32",
                "weights_differentiated": weighted,
                "kff_se_plan": dict(zip(("blocks", "block", "band_blocks", "images_per_tile"), _se_plan(B, P, None))),
-               "kff_default": "distinct" if jax.default_backend() == "cpu" else "fused",
-               "distinct_patches_per_image": _distinct_counts(X, kernel),
+               "kff_default": "distinct" if jax.default_backend() == "cpu" and not located else "fused",
+               "distinct_patches_per_image": None if located else _distinct_counts(X, kernel),
+               "located_patches": located,
                "kuf_chunk_rows": _cross_rows(B, P, M, None), "steps_per_call": steps,
                "matmul_n": matmul_n, "normalisation": kernel.normalisation,
                "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS")}
@@ -263,7 +272,7 @@ def _with_base(kernel, **changes):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", choices=sorted(CONFIGS), default="rectangles")
+    parser.add_argument("--config", choices=list(CONFIGS), default="rectangles")
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--image", type=int, default=28, help="image side (rectangles only)")
     parser.add_argument("--repeats", type=int, default=9)
@@ -287,6 +296,7 @@ def main(argv=None):
             timings[name][key] /= args.steps
 
     B, P, M, E, n = setting["B"], setting["P"], setting["M"], setting["E"], setting["matmul_n"]
+    E += 2 if setting["located_patches"] else 0  # TICK's sweeps run on patches augmented with their location
     exp_count = B * P * P
     kuf_flops = 2 * B * P * M * E + 2 * B * P * E
     rates, bound, over = {}, {}, {}
@@ -299,14 +309,15 @@ def main(argv=None):
         over[clock] = {name: timings[name][clock] / bound[clock] for name in relative}
     cpu = {name: t["cpu_s"] for name, t in timings.items()}
     ratios = {
-        "kff_fused_over_distinct_cpu": cpu["kff_fused"] / cpu["kff_distinct"],
         "kff_checkpoint_over_fused_cpu": cpu["kff_checkpoint"] / cpu["kff_fused"],
         "kuf_matmul_over_fused_grad_cpu": cpu["kuf_matmul_grad"] / cpu["kuf_fused_grad"],
         "kuf_conv_over_fused_grad_cpu": cpu["kuf_conv_grad"] / cpu["kuf_fused_grad"],
         "kuf_matmul_over_conv_cpu": cpu["kuf_matmul"] / cpu["kuf_conv"],
         "elbo_step_autodiff_kuf_over_fused_cpu": cpu["elbo_step_autodiff_kuf"] / cpu["elbo_step"],
-        "elbo_step_band_kff_over_distinct_cpu": cpu["elbo_step_band_kff"] / cpu["elbo_step"],
     }
+    if "kff_distinct" in cpu:
+        ratios["kff_fused_over_distinct_cpu"] = cpu["kff_fused"] / cpu["kff_distinct"]
+        ratios["elbo_step_band_kff_over_distinct_cpu"] = cpu["elbo_step_band_kff"] / cpu["elbo_step"]
     if "kff_naive" in cpu:
         ratios["kff_naive_over_fused_cpu"] = cpu["kff_naive"] / cpu["kff_fused"]
         ratios["elbo_step_naive_over_fused_cpu"] = cpu["elbo_step_naive"] / cpu["elbo_step"]

@@ -26,7 +26,8 @@ README = ROOT / "README.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 #: the order files appear in; files not listed follow alphabetically.
-ORDER = ("reproduce_conv", "reproduce_invariance", "reproduce_tick", "conv_kernels", "conv_kernels_mnist10", "svgp_scaling", "polya_gamma_throughput",
+ORDER = ("reproduce_conv", "reproduce_invariance", "reproduce_tick", "conv_kernels", "conv_kernels_mnist10", "conv_kernels_mnist10_tick",
+         "svgp_scaling", "polya_gamma_throughput",
          "invariance_toy", "gpflow_side_by_side", "pg_natgrad", "robustness_sweep")
 TITLES = {
     "reproduce_conv": "van der Wilk et al. 2017 reproduction: convolutional GPs (`benchmarks/reproduce_conv.py`)",
@@ -34,6 +35,7 @@ TITLES = {
     "report_phase": "Report phase against fitting phase of the default `gpzoo compare` (`benchmarks/report_phase.py`)",
     "conv_kernels": "Convolutional kernel hot paths against this machine's limits (`benchmarks/conv_kernels.py`)",
     "conv_kernels_mnist10": "Convolutional kernel hot paths, MNIST-10 configuration (`benchmarks/conv_kernels.py --config mnist10`)",
+    "conv_kernels_mnist10_tick": "TICK kernel hot paths, MNIST-10 configuration (`benchmarks/conv_kernels.py --config mnist10-tick`)",
     "svgp_scaling": "SVGP step time against a hand-written JAX step (`benchmarks/svgp_scaling.py`)",
     "polya_gamma_throughput": "Pólya–Gamma sampler throughput (`benchmarks/polya_gamma_throughput.py`)",
     "invariance_toy": "Invariant GP on the symmetric toy function, van der Wilk et al. 2018, fig. 2 (`benchmarks/invariance_toy.py`)",
@@ -63,7 +65,7 @@ TITLES = {
 ALIASES = {"deep_conv_step_h100": "deep_conv_step", "data_parallel_step_h100": "data_parallel_step",
            "data_parallel_step_8cores": "data_parallel_step", "reproduce_dkm_wide": "reproduce_dkm",
            "reproduce_dkm_wide_long": "reproduce_dkm", "deep_conv_step_2cores": "deep_conv_step",
-           "conv_kernels_mnist10_2cores": "conv_kernels", "ray_speedup_2cores_quiet": "ray_speedup",
+           "conv_kernels_mnist10_2cores": "conv_kernels", "conv_kernels_mnist10_tick": "conv_kernels", "ray_speedup_2cores_quiet": "ray_speedup",
            "ray_speedup_8cores": "ray_speedup", "ray_speedup_8cores_1500": "ray_speedup"}
 FORMATTERS: dict[str, Callable[[dict], list[str]]] = {}
 

@@ -643,7 +643,7 @@ def test_component_variances_and_patch_figure(fitted):
 
 
 @pytest.mark.benchmark
-@pytest.mark.parametrize("config", ["rectangles", "mnist10"])
+@pytest.mark.parametrize("config", ["rectangles", "mnist10", "mnist10-tick"])
 def test_conv_kernels_benchmark_runs_quick(tmp_path, config):
     """benchmarks/conv_kernels.py still runs against the library (tiny sizes; ``-m benchmark``)."""
     import importlib.util  # noqa: PLC0415
