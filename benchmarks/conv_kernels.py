@@ -325,6 +325,7 @@ def main(argv=None):
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpu_count": os.cpu_count(),
                     "jax": jax.__version__, "numpyro": numpyro.__version__, "devices": [str(d) for d in jax.devices()],
                     "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
         "protocol": "medians over repeats of interleaved calls of jit-compiled functions; wall and process CPU time",
         "setting": setting,
         "counts": {"exps_per_step": exp_count, "kuf_flops_per_step": kuf_flops},

@@ -208,11 +208,17 @@ def _reproduce_invariance(report: dict) -> list[str]:
 @formatter("conv_kernels")
 def _conv_kernels(report: dict) -> list[str]:
     s = report["setting"]
-    rows = [[name, num(report["timings"][name]["wall_s"]), num(report["step_over_bound"]["wall_s"][name])]
-            for name in report["step_over_bound"]["wall_s"]]
+    over = report["step_over_bound"]
+    rows = [[name, num(report["timings"][name]["wall_s"]), num(over["wall_s"][name]), num(report["timings"][name]["cpu_s"]),
+             num(over["cpu_s"][name])] for name in over["wall_s"]]
+    load = report["machine"].get("loadavg_before"), report["machine"].get("loadavg_after")
+    where = (f" Load average (1 min) {num(load[0][0])} at the start, {num(load[1][0])} at the end (2 cores)."
+             if all(load) else "")
     return ["", f"B={s['B']}, image {s['image_shape']}, patch {s['patch_shape']}, M={s['M']}, {s['dtype']}; bound = "
-                f"B·P² exps at this machine's measured exp rate ({num(report['bound_s']['wall_s'])} s). {provenance(report)}", ""] + \
-        table(["hot path", "wall s", "× bound"], rows)
+                f"B·P² exps and the Kuf matmul flops at this machine's rates measured in the same run "
+                f"({num(report['bound_s']['wall_s'])} s wall, {num(report['bound_s']['cpu_s'])} s CPU).{where} "
+                f"{provenance(report)}", ""] + \
+        table(["hot path", "wall s", "× bound (wall)", "CPU s", "× bound (CPU)"], rows)
 
 
 @formatter("svgp_scaling")
