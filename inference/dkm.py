@@ -86,7 +86,6 @@ __all__ = [
     "raw_from_chol",
     "wishart_skr",
     "nystrom",
-    "nystrom_fused",
     "gram_kl",
     "init_params",
     "forward",
@@ -176,34 +175,6 @@ def default_residual_tol(dtype) -> float:
     return 10.0 * float(np.sqrt(np.finfo(dtype).eps))
 
 
-def nystrom(K_chol, K_ti, K_t, G_tilde, residual_tol: float | None = None):
-    """Nyström prediction of the train/test blocks (Milsom et al. 2024, eq. 32 / Algorithm 1).
-
-    K_chol ``[P, P]`` = chol(K_ii), K_ti ``[B, *S, P]``, K_t ``[B, *S]``, G_tilde ``[P, P]``.
-    With X = L⁻¹ K_itᵀ and M = L⁻¹ G̃ L⁻ᵀ (triangular solves only):
-
-        G_ti = Xᵀ (L⁻¹ G̃)                      = K_ti K_ii⁻¹ G̃_ii
-        G_t  = diag(Xᵀ M X) + (K_t − ‖X‖²)        = diag(K_ti K⁻¹ G̃ K⁻¹ K_it) + diag K_tt·i
-
-    Returns ``(GramBlocks(G_tilde, G_ti, G_t), checks)``; ``checks["residual_ok"]`` is False when
-    some residual K_tt·i < −residual_tol · K_t (rounding above that is clipped to 0).
-    """
-    shape = K_ti.shape  # [B, *S, P]
-    P = shape[-1]
-    tol = default_residual_tol(K_ti.dtype) if residual_tol is None else residual_tol
-    X = solve_triangular(K_chol, K_ti.reshape(-1, P).T, lower=True)  # [P, N'] with N' = B·|S|
-    A = solve_triangular(K_chol, G_tilde, lower=True)  # [P, P] = L⁻¹ G̃
-    M = solve_triangular(K_chol, A.T, lower=True)  # [P, P] = L⁻¹ G̃ L⁻ᵀ
-    G_ti = (X.T @ A).reshape(shape)  # [B, *S, P]
-    k_t = K_t.reshape(-1)  # [N']
-    residual = k_t - jnp.sum(X * X, axis=0)  # [N']
-    ratio = residual / jnp.maximum(jnp.abs(k_t), jnp.finfo(k_t.dtype).tiny)  # [N']
-    quad = jnp.sum((M @ X) * X, axis=0)  # [N']
-    G_t = (quad + jnp.maximum(residual, 0.0)).reshape(K_t.shape)  # [B, *S]
-    checks = {"min_residual": jnp.min(ratio), "residual_ok": jnp.min(ratio) >= -tol}
-    return GramBlocks(G_tilde, G_ti, G_t), checks
-
-
 def _moments_forward(K_ii, K_it, k_t, Sigma, mean, shared: bool):
     """Forward of :func:`_nystrom_moments`: outputs and the residuals its VJP reads."""
     L = jnp.linalg.cholesky(K_ii)  # [P, P]
@@ -277,15 +248,22 @@ def _nystrom_moments_bwd(shared, residuals, cotangents):
 _nystrom_moments.defvjp(_nystrom_moments_fwd, _nystrom_moments_bwd)
 
 
-def nystrom_fused(K_ii, K_ti, K_t, Sigma, mean=None, residual_tol: float | None = None):
-    """Nyström prediction that factorises K_ii itself, with a closed-form VJP (:func:`_nystrom_moments`).
+def nystrom(K_ii, K_ti, K_t, Sigma, mean=None, residual_tol: float | None = None):
+    """Nyström prediction (Milsom et al. 2024, eq. 32 / Algorithm 1), K_ii factorised inside, with a
+    closed-form VJP (:func:`_nystrom_moments`): triangular solves against L = chol K_ii, never an inverse.
 
     K_ii ``[P, P]`` (jitter included), K_ti ``[B, *S, P]``, K_t ``[B, *S]``, Sigma ``[P, P]``.
-    ``mean`` None: the Gram-layer step of :func:`nystrom` with G̃ = Sigma, returns
-    ``(GramBlocks(Sigma, G_ti, G_t), checks, L)``. ``mean [P, C]``: the output GP's marginals
-    f_mean = K_ti K⁻¹ mean ``[B, C]`` and f_var = diag(K_ti K⁻¹ Σ K⁻¹ K_it) + max(residual, 0) ``[B]``,
-    returns ``((f_mean, f_var, ½ meanᵀK⁻¹mean), checks, L)``. Same values as :func:`nystrom` /
-    :func:`forward`'s output step to rounding; ``checks`` and L = chol K_ii carry no gradient.
+
+    * ``mean`` None — a Gram layer's step with G̃_ii = Sigma: G_ti = K_ti K⁻¹ G̃ and
+      G_t = diag(K_ti K⁻¹ G̃ K⁻¹ K_it) + max(K_t − diag(K_ti K⁻¹ K_it), 0); returns
+      ``(GramBlocks(Sigma, G_ti, G_t), checks, L)``.
+    * ``mean [P, C]`` — the output GP's marginals f_mean = K_ti K⁻¹ mean ``[B, C]`` and
+      f_var = diag(K_ti K⁻¹ Σ K⁻¹ K_it) + max(residual, 0) ``[B]``; returns
+      ``((f_mean, f_var, ½ meanᵀK⁻¹mean), checks, L)``.
+
+    ``checks["residual_ok"]`` is False when some residual K_tt·i < −residual_tol · K_t (rounding
+    above that is clipped to 0), ``checks["chol_ok"]`` when the factorisation failed; ``checks``
+    and L carry no gradient.
     """
     shape = K_ti.shape  # [B, *S, P]
     P = shape[-1]
@@ -444,23 +422,16 @@ def gram_layers(params, config: DKMConfig, X, noise=None, *, _init: bool = False
         lp = dict(params["layers"][index])
         K = _layer_prior(lp, spec, config, G)  # ii [P,P], ti [B,*S,P], t [B,*S]
         K_ii, jitter = _jittered(K.ii, config.kernel_jitter)
-        fused = _fused(config, _init)
-        if not fused:
-            L = jnp.linalg.cholesky(K_ii)  # [P, P]
-            if _init:
-                lp["V"] = raw_from_chol(L)
+        if _init:  # the NNGP start: G_ii = K_ii
+            lp["V"] = raw_from_chol(jnp.linalg.cholesky(K_ii))
         V = chol_factor(lp["V"])  # [P, P]
         if noise is None:
             G_tilde = wishart_skr(None, V, config.layer_gamma(index), config.skr_jitter, train=False)  # [P, P]
         else:
             G_tilde = wishart_from_noise(V, noise[index], config.skr_jitter)  # [P, P]
-        if fused:
-            G, checks, L = nystrom_fused(K_ii, K.ti, K.t, G_tilde, residual_tol=config.residual_tol)
-        else:
-            G, checks = nystrom(L, K.ti, K.t, G_tilde, config.residual_tol)
-            checks["chol_ok"] = jnp.all(jnp.isfinite(L))
+        G, checks, _ = nystrom(K_ii, K.ti, K.t, G_tilde, residual_tol=config.residual_tol)
         aux["checks"][name] = checks
-        aux["kl"][name] = gram_kl(V, L, K_ii, config.kl)
+        aux["kl"][name] = gram_kl(V, _kl_factor(config, K_ii), K_ii, config.kl)
         aux["jitter"][name] = jitter
         aux["K_ii"][name] = K_ii  # [P, P], the prior covariance of G_ii (jitter included)
         if config.record_condition:
@@ -493,14 +464,10 @@ def _residual_tol(config: DKMConfig, dtype) -> float:
     return default_residual_tol(dtype) if config.residual_tol is None else config.residual_tol
 
 
-def _fused(config: DKMConfig, init: bool) -> bool:
-    """Whether a step uses :func:`nystrom_fused` (its own factorisation of K_ii and a closed-form VJP).
-
-    The Taylor KLs read K_ii, not its factor, so nothing else differentiates through chol K_ii;
-    the exact KL (log|K| from the factor) and the initialising pass (V set to chol K_ii before G̃
-    is formed) factorise K_ii outside and use :func:`nystrom` with autodiff.
-    """
-    return config.kl != "exact" and not init
+def _kl_factor(config: DKMConfig, K_ii):
+    """chol K_ii for the exact KL, whose log|K| and tr(K⁻¹G) read it (and differentiate through it);
+    None for the Taylor forms, which read K_ii itself (:func:`gram_kl`)."""
+    return jnp.linalg.cholesky(K_ii) if config.kl == "exact" else None
 
 
 def _output_prior(output_params, config: DKMConfig, G: GramBlocks):
@@ -545,26 +512,14 @@ def forward(params, config: DKMConfig, X, key=None, train: bool = False, *, _ini
     out = {"blocks": blocks}
     op = dict(params["output"])
     num_classes = op["mu"].shape[-1]
-    if _fused(config, _init):
-        K, jitter = _output_prior(op, config, G)  # ii [P,P], ti [B,P], t [B]
-        S_chol = chol_factor(op["V"])  # [P, P], Σ = S Sᵀ shared by the classes
-        (f_mean, f_var, kl_mean), aux["checks"]["output"], _ = nystrom_fused(
-            K.ii, K.ti, K.t, S_chol @ S_chol.T, op["mu"], residual_tol=_residual_tol(config, K.t.dtype))
-        out["f_mean"], out["f_var"] = f_mean, f_var  # [B, C], [B]
-        aux["kl"]["output"] = num_classes * gram_kl(S_chol, None, K.ii, config.kl) + kl_mean
-        aux["jitter"]["output"] = jitter
-        return out, aux
-    K, L, jitter = output_kernel(op, config, G)  # ii [P,P], ti [B,P], t [B]; L [P, P]
-    if _init:
-        op["V"] = raw_from_chol(L)
+    K, jitter = _output_prior(op, config, G)  # ii [P,P], ti [B,P], t [B]
+    if _init:  # the NNGP start: Σ = K_ii
+        op["V"] = raw_from_chol(jnp.linalg.cholesky(K.ii))
     S_chol = chol_factor(op["V"])  # [P, P], Σ = S Sᵀ shared by the classes
-    X_s = solve_triangular(L, K.ti.T, lower=True)  # [P, B]
-    mu_s = solve_triangular(L, op["mu"], lower=True)  # [P, C]
-    Y = solve_triangular(L, S_chol, lower=True)  # [P, P]
-    residual, aux["checks"]["output"] = output_checks(config, K, L, X_s)
-    out["f_mean"] = X_s.T @ mu_s  # [B, C]
-    out["f_var"] = jnp.maximum(residual, 0.0) + jnp.sum((Y.T @ X_s) ** 2, axis=0)  # [B]
-    aux["kl"]["output"] = num_classes * gram_kl(S_chol, L, K.ii, config.kl) + 0.5 * jnp.sum(mu_s * mu_s)
+    (f_mean, f_var, kl_mean), aux["checks"]["output"], _ = nystrom(
+        K.ii, K.ti, K.t, S_chol @ S_chol.T, op["mu"], residual_tol=_residual_tol(config, K.t.dtype))
+    out["f_mean"], out["f_var"] = f_mean, f_var  # [B, C], [B]
+    aux["kl"]["output"] = num_classes * gram_kl(S_chol, _kl_factor(config, K.ii), K.ii, config.kl) + kl_mean
     aux["jitter"]["output"] = jitter
     if _init:
         new = dict(params)

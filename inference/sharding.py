@@ -137,6 +137,15 @@ class DataParallel:
 
         return split
 
+    @staticmethod
+    def check_no_mutable_state(state: SVIState) -> None:
+        """A model with NumPyro mutable state (e.g. a batch statistic updated each step) cannot take the
+        split step, whose shards would each update their own copy: ``InvalidArgumentError`` naming
+        ``devices``. Call it on the initial state, before the step is traced."""
+        if jax.tree_util.tree_leaves(state.mutable_state):
+            raise InvalidArgumentError("devices", "cannot split a model with NumPyro mutable state across devices; "
+                                                  "fit it on one device (devices=None)")
+
     def svi_update(self, svi, state: SVIState, *rows, static_kwargs: dict | None = None, **row_kwargs):
         """One data-parallel step of NumPyro's ``svi.update(state, *rows, **static_kwargs, **row_kwargs)``;
         returns ``(state, loss)`` as it does.
@@ -146,8 +155,7 @@ class DataParallel:
         every shard as they are. The loss and gradient come from :meth:`value_and_grad` with the step's key
         split from ``state.rng_key`` exactly as ``SVI.update`` does; the optimiser update is applied to the
         replicated state. The family's ELBO must have no mutable state (gpzoo's ``FastELBO`` has none)."""
-        if jax.tree_util.tree_leaves(state.mutable_state):
-            raise ValueError("DataParallel.svi_update: a model with NumPyro mutable state cannot be split across devices")
+        self.check_no_mutable_state(state)
         rng_key, rng_step = jax.random.split(state.rng_key)
         static = {**(static_kwargs or {}), **svi.static_kwargs}
 

@@ -83,6 +83,8 @@ def fit_svi(spec, X, y, *, family_class, settings: FitSettings) -> FitResult:
         state = svi.init(key_svi, X_init, y_init, num_data=N, **index_kwargs(family, init_idx))
     family.check_analytic_kl()
     split_loss = parallel is not None and not per_point_draws(family)  # else the sharding-constraint step
+    if split_loss:
+        parallel.check_no_mutable_state(state)
 
     def update(state, inputs, data):
         # in memory: the step's rows are gathered from the data on the device; from a source they come with the step

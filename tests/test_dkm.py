@@ -179,17 +179,17 @@ def test_nystrom_with_G_equal_K_returns_K():
     P = 6
     K_joint = jnp.asarray(_joint_gram(rng, 15, dim=20))
     K = _split(K_joint, P)
-    L = jnp.linalg.cholesky(K.ii)
-    G, checks = nystrom(L, K.ti, K.t, K.ii)
+    G, checks, L = nystrom(K.ii, K.ti, K.t, K.ii)
     np.testing.assert_allclose(G.ti, K.ti, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(G.t, K.t, rtol=1e-10)
-    assert bool(checks["residual_ok"]) and float(checks["min_residual"]) > 0
+    np.testing.assert_allclose(L @ L.T, K.ii, rtol=1e-12, atol=1e-14)
+    assert bool(checks["residual_ok"]) and bool(checks["chol_ok"]) and float(checks["min_residual"]) > 0
 
 
 def test_negative_nystrom_residual_is_a_typed_error():
     rng = np.random.default_rng(4)
     K = _split(jnp.asarray(_joint_gram(rng, 10, dim=20)), 5)
-    _, checks = nystrom(jnp.linalg.cholesky(K.ii), K.ti, 0.5 * K.t, K.ii)  # diag too small: not PSD
+    _, checks, _ = nystrom(K.ii, K.ti, 0.5 * K.t, K.ii)  # diag too small: not PSD
     assert not bool(checks["residual_ok"])
     aux = {"checks": {"layer 2": {"chol_ok": jnp.array(True), **checks}}}
     with pytest.raises(NumericalError, match="layer 2, Nyström residual") as err:

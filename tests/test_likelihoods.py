@@ -178,6 +178,22 @@ def test_softmax_expectation_matches_brute_force_monte_carlo():
     assert_matches_mc(ve, log_p, extra_se=log_p.std(0) / np.sqrt(lik.num_mc_samples))
 
 
+def test_softmax_draws_its_noise_once_for_both_precisions(float32):
+    """ε is drawn in float32 and converted, so float32 and float64 see the same draws: the two
+    estimates differ only by the float32 arithmetic on them (a few ulps), not by Monte Carlo noise."""
+    lik = Softmax(num_classes=3, num_mc_samples=2000)
+    key = jax.random.PRNGKey(4)
+    ve32 = lik.variational_expectation(jnp.asarray(CLASS_Y), jnp.asarray(CLASS_MEAN, jnp.float32),
+                                       jnp.asarray(CLASS_VAR, jnp.float32), key=key)
+    jax.config.update("jax_enable_x64", True)
+    ve64 = lik.variational_expectation(jnp.asarray(CLASS_Y), jnp.asarray(CLASS_MEAN, jnp.float64),
+                                       jnp.asarray(CLASS_VAR, jnp.float64), key=key)
+    assert ve32.dtype == jnp.float32 and ve64.dtype == jnp.float64
+    mc_se = np.log(softmax_reference(CLASS_MEAN, CLASS_VAR, num=2000))[:, np.arange(3), CLASS_Y].std(0) / np.sqrt(2000)
+    np.testing.assert_allclose(ve32, ve64, rtol=1e-5)
+    assert np.all(np.abs(np.asarray(ve32, np.float64) - np.asarray(ve64)) < 1e-3 * mc_se)
+
+
 def test_softmax_expectation_needs_a_key():
     with pytest.raises(InvalidArgumentError) as info:
         Softmax(num_classes=3).variational_expectation(jnp.asarray(CLASS_Y), jnp.asarray(CLASS_MEAN), jnp.asarray(CLASS_VAR))

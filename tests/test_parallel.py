@@ -177,6 +177,22 @@ def test_devices_argument_is_checked_before_tracing():
     assert error.value.argument == "devices"
 
 
+def test_a_model_with_mutable_state_is_refused_by_name_before_tracing():
+    import jax  # noqa: PLC0415
+    from numpyro.infer.svi import SVIState  # noqa: PLC0415
+
+    from gpzoo.inference.sharding import DataParallel  # noqa: PLC0415
+    from gpzoo.models.errors import InvalidArgumentError  # noqa: PLC0415
+
+    parallel = DataParallel(tuple(jax.devices()[:1]))
+    key = jax.random.PRNGKey(0)
+    parallel.check_no_mutable_state(SVIState(None, None, key))  # nothing mutable: accepted
+    parallel.check_no_mutable_state(SVIState(None, {}, key))
+    with pytest.raises(InvalidArgumentError, match="mutable state") as error:
+        parallel.check_no_mutable_state(SVIState(None, {"running_mean": np.zeros(3)}, key))
+    assert error.value.argument == "devices"
+
+
 def test_families_with_per_point_draws_keep_the_sharding_constraint_step():
     from gpzoo.inference.fit import build_family  # noqa: PLC0415
     from gpzoo.inference.inducing import inducing_for  # noqa: PLC0415
