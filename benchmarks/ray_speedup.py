@@ -27,18 +27,28 @@ over ``--repeats``): the wall time of the whole ``gpzoo.compare`` call and, apar
 * ``compile_cache_gain``: sequential wall without / with the run's compilation cache (every
   backend fits through it: a model's second seed reads its programs back instead of compiling);
 * ``identical``: every parameter and ELBO trace of every fit equal, bit for bit, across backends
-  and with and without the cache.
+  and with and without the cache;
+* ``ceiling`` (``--ceiling``): the most any backend could gain from running the grid's fits side by
+  side, one core each. Each fit runs once in a fresh process with every core and once in a process
+  pinned to one core (``os.sched_setaffinity`` before JAX starts, so XLA's thread pool has one
+  thread); ``ceiling.speedup`` = Σ fit seconds with every core / (Σ fit seconds on one core /
+  workers): the sequential grid against a perfectly balanced split over ``workers`` single-core
+  workers with no overhead at all. When a fit alone already keeps several cores busy (XLA's
+  intra-op threads), this ceiling is below ``workers``.
 
 The machine is shared: the load average at the start and end of the run is recorded beside the numbers.
 
-    /work/venv/bin/python benchmarks/ray_speedup.py [--repeats 2] [--steps 150] [--quick]
+    /work/venv/bin/python benchmarks/ray_speedup.py [--repeats 2] [--steps 150] [--quick] [--ceiling]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -85,14 +95,55 @@ def _slot_time(run_events: list[dict], epoch: float) -> dict:
             "gaps": sum(b[0] - a[1] for v in spans for a, b in zip(v, v[1:])), "end": sum(last - v[-1][1] for v in spans)}
 
 
+def _one_fit(model: str, seed: int, steps: int, num_train: int, one_core: bool) -> float:
+    """Seconds of one ``fit`` of the grid's (model, seed) in this process (``--one-fit``); with ``one_core``
+    the process is pinned to its first allowed core before JAX starts."""
+    if one_core:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    from gpzoo.analysis import datasets  # noqa: PLC0415 - JAX starts here, after the pinning
+    from gpzoo.inference import fit  # noqa: PLC0415
+    from gpzoo.models import zoo  # noqa: PLC0415
+
+    data = datasets.load("rectangles", num_train=num_train, num_test=50)
+    spec = zoo.get(model, input_dim=data.num_features, task="binary", num_classes=2, image_shape=data.image_shape,
+                   num_inducing=16)
+    t0 = time.perf_counter()
+    fit(spec, data.X_train, data.y_train, steps=steps, batch_size=50, seed=seed, progress=False)
+    return time.perf_counter() - t0
+
+
+def _ceiling(steps: int, num_train: int) -> dict:
+    """Each fit of the grid in a fresh process with every core, then pinned to one core (see ``ceiling``)."""
+    seconds = {"all_cores": {}, "one_core": {}}
+    for model in MODELS:
+        for seed in SEEDS:
+            for where in seconds:
+                cmd = [sys.executable, __file__, "--one-fit", model, str(seed), str(steps), str(num_train)]
+                if where == "one_core":
+                    cmd.append("--one-core")
+                out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+                seconds[where][f"{model} seed {seed}"] = json.loads(out.strip().splitlines()[-1])["seconds"]
+    total = {where: sum(values.values()) for where, values in seconds.items()}
+    return {"fit_seconds": seconds, "total_s": total, "cores": len(os.sched_getaffinity(0)),
+            "speedup": total["all_cores"] / (total["one_core"] / WORKERS),
+            "second_core_gain": total["one_core"] / total["all_cores"]}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--num-train", type=int, default=300)
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 repeat, 10 steps, 60 images")
+    parser.add_argument("--ceiling", action="store_true", help="also time each fit alone on every core and on one core")
+    parser.add_argument("--one-fit", nargs=4, metavar=("MODEL", "SEED", "STEPS", "NUM_TRAIN"), help=argparse.SUPPRESS)
+    parser.add_argument("--one-core", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
+    if args.one_fit:
+        model, seed, steps, num_train = args.one_fit
+        print(json.dumps({"seconds": _one_fit(model, int(seed), int(steps), int(num_train), args.one_core)}))
+        return 0
     if args.quick:
         args.repeats, args.steps, args.num_train = 1, 10, 60
 
@@ -188,11 +239,18 @@ def main(argv=None) -> int:
         "identical": _identical(runs["sequential"], runs["ray"]) and _identical(runs["sequential"], runs["sequential_no_cache"]),
         "goals": {"speedup >= 1.7": speedup >= 1.7, "overhead per task < 1 s": overhead < 1.0},
     }
+    if args.ceiling:
+        report["ceiling"] = _ceiling(args.steps, args.num_train)
+        report["load_average_end"] = list(os.getloadavg())
     write_json(args.out, report)
     print(f"sequential {seq:.1f} s (no cache {median['sequential_no_cache']:.1f} s), ray {median['ray']:.1f} s + start "
           f"{start_s:.1f} s + stop {stop_s:.1f} s: speed-up {speedup:.2f}x ({seq / median['ray']:.2f}x without start/stop), "
           f"overhead {overhead:.2f} s/task (old formula {old:.2f}), identical {report['identical']}, "
           f"load {report['machine']['load_average_start']} -> {report['load_average_end']}")
+    if args.ceiling:
+        c = report["ceiling"]
+        print(f"ceiling: all cores {c['total_s']['all_cores']:.1f} s, one core {c['total_s']['one_core']:.1f} s: at most "
+              f"{c['speedup']:.2f}x with {WORKERS} single-core workers")
     return 0
 
 

@@ -504,8 +504,22 @@ def _ray_speedup(report: dict) -> list[str]:
                 f"({num(report['ray_start_s'])} s) and stop ({num(report['ray_stop_s'])} s) apart. The earlier definition, "
                 f"(Ray wall + start/stop − sequential wall / {s['workers']}) × {s['workers']} / {s['tasks']}, gives "
                 f"{num(report['overhead_per_task_old_formula_s'])} s. Results identical across backends and with or without the "
-                f"cache: {yes_no(report['identical'])}. Goals: {goals}. Measured with {_load(report)}. {provenance(report)}", ""] + \
-        table(["backend", "wall (s)", "speed-up"], rows)
+                f"cache: {yes_no(report['identical'])}. Goals: {goals}. Measured with {_load(report)}. {provenance(report)}"
+            ] + _ray_ceiling(report) + [""] + table(["backend", "wall (s)", "speed-up"], rows)
+
+
+def _ray_ceiling(report: dict) -> list[str]:
+    """The ``ceiling`` paragraph of a ray_speedup report (``--ceiling``), or nothing."""
+    c = report.get("ceiling")
+    if not c:
+        return []
+    workers = report["setting"]["workers"]
+    return ["", f"Ceiling: each of the {report['setting']['tasks']} fits alone in a fresh process took "
+                f"{num(c['total_s']['all_cores'])} s in all with the machine's {c['cores']} cores and "
+                f"{num(c['total_s']['one_core'])} s pinned to one core ({num(c['second_core_gain'])}× slower: XLA's "
+                f"intra-op threads already use the other core). {workers} single-core workers, perfectly balanced and "
+                f"with no overhead at all, would therefore finish the grid at most **{num(c['speedup'])}×** faster than "
+                f"running it sequentially on all cores."]
 
 
 @formatter("data_parallel_step")
