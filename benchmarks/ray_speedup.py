@@ -32,9 +32,10 @@ over ``--repeats``): the wall time of the whole ``gpzoo.compare`` call and, apar
   side, one core each. Each fit runs once in a fresh process with every core and once in a process
   pinned to one core (``os.sched_setaffinity`` before JAX starts, so XLA's thread pool has one
   thread); ``ceiling.speedup`` = Σ fit seconds with every core / (Σ fit seconds on one core /
-  workers): the sequential grid against a perfectly balanced split over ``workers`` single-core
-  workers with no overhead at all. When a fit alone already keeps several cores busy (XLA's
-  intra-op threads), this ceiling is below ``workers``.
+  workers): the fits' work one after another on every core against a perfectly balanced split over
+  ``workers`` single-core workers with no overhead at all. When a fit alone already keeps several
+  cores busy (XLA's intra-op threads), this ceiling is below ``workers``. (The grid's other per-task
+  work, saving and checkpoints, splits too, so a measured speed-up can land a little above it.)
 
 The machine is shared: the load average at the start and end of the run is recorded beside the numbers.
 
