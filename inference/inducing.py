@@ -247,7 +247,7 @@ def _init_patches(kernel, X, num_inducing, key, method):
             Z = KMeans(num_inducing, n_init=3, random_state=int(rng.integers(2**31 - 1))).fit(pool).cluster_centers_  # [M, E]
     else:
         raise InvalidArgumentError("inducing_init", f"unknown method {method!r}; use 'random', 'kmeans' or 'uniform'")
-    return InducingPatches(jnp.asarray(Z, dtype=X.dtype))
+    return InducingPatches(jnp.asarray(Z, dtype=jax.dtypes.canonicalize_dtype(X.dtype)))
 
 
 # ----------------------------------------------------------------------------- invariant kernels: inducing points of the base function
@@ -373,7 +373,8 @@ def _init_patch_locations(kernel, X, num_inducing, key, method):
     kernel.validate_inputs(X)
     rng = np.random.default_rng(int(jax.random.randint(key, (), 0, 2**31 - 1)))
     Z, Z_loc = initial_patches_with_locations(kernel, X, num_inducing, rng)
-    return InducingPatchesWithLocations(jnp.asarray(Z, dtype=X.dtype), jnp.asarray(Z_loc, dtype=X.dtype))
+    dtype = jax.dtypes.canonicalize_dtype(X.dtype)  # a float64 X in float32 mode gives float32 patches, silently
+    return InducingPatchesWithLocations(jnp.asarray(Z, dtype=dtype), jnp.asarray(Z_loc, dtype=dtype))
 
 
 # ----------------------------------------------------------------------------- user-given inducing variables

@@ -20,6 +20,7 @@ from gpzoo.inference.dkm import (
     gram_kl,
     init_params,
     nystrom,
+    objective,
     predict,
     raw_from_chol,
     train_dkm,
@@ -333,7 +334,13 @@ def test_training_at_huge_nu_keeps_G_at_K(toy, fc_config):
     free_moves = _relative_gram_moves(free, fc_config, X)
     assert max(held_moves) < 1e-3
     assert max(free_moves) > 3 * max(held_moves)
-    assert history["loss"][-1] < history["loss"][0]
+    # training raised the objective: compared at one key (common random numbers), since the loss
+    # history's 8-sample Monte Carlo noise (±0.14 per point here) dwarfs 25 steps' gain at lr 1e-4
+    key = jax.random.PRNGKey(7)
+    before = objective(params, fc_config, X, y, len(y), key, nu=1e-3)[0]
+    after = objective(free, fc_config, X, y, len(y), key, nu=1e-3)[0]
+    assert float(after) > float(before)
+    assert len(history["loss"]) == 25 and np.all(np.isfinite(history["loss"]))
     steps, conds = history["condition"][-1]
     assert steps == 24 and all(1.0 <= c < 1e8 for c in conds.values())
 
