@@ -62,6 +62,8 @@ MODELS = ("svgp-rbf", "conv")
 SEEDS = (0, 1)
 WORKERS = 2
 VARIANTS = ("sequential", "ray", "sequential_no_cache")
+#: every fit of the grid: minibatch, inducing patches, test images
+BATCH_SIZE, NUM_INDUCING, NUM_TEST = 50, 16, 50
 
 
 def _identical(a, b) -> bool:
@@ -105,11 +107,11 @@ def _one_fit(model: str, seed: int, steps: int, num_train: int, one_core: bool) 
     from gpzoo.inference import fit  # noqa: PLC0415
     from gpzoo.models import zoo  # noqa: PLC0415
 
-    data = datasets.load("rectangles", num_train=num_train, num_test=50)
+    data = datasets.load("rectangles", num_train=num_train, num_test=NUM_TEST)
     spec = zoo.get(model, input_dim=data.num_features, task="binary", num_classes=2, image_shape=data.image_shape,
-                   num_inducing=16)
+                   num_inducing=NUM_INDUCING)
     t0 = time.perf_counter()
-    fit(spec, data.X_train, data.y_train, steps=steps, batch_size=50, seed=seed, progress=False)
+    fit(spec, data.X_train, data.y_train, steps=steps, batch_size=BATCH_SIZE, seed=seed, progress=False)
     return time.perf_counter() - t0
 
 
@@ -167,8 +169,8 @@ def main(argv=None) -> int:
 
     backends.fit_task = timed_fit_task
     machine = machine_info()
-    settings = {"seeds": list(SEEDS), "steps": args.steps, "batch_size": 50, "num_inducing": 16, "num_train": args.num_train,
-                "num_test": 50, "report": False}
+    settings = {"seeds": list(SEEDS), "steps": args.steps, "batch_size": BATCH_SIZE, "num_inducing": NUM_INDUCING,
+                "num_train": args.num_train, "num_test": NUM_TEST, "report": False}
     walls = {name: [] for name in VARIANTS}
     phases = {name: [] for name in VARIANTS}  # Comparison.fit_seconds: dispatch to every fit read back
     fit_sums = {name: [] for name in VARIANTS}  # Σ each task's fit and save (Ray: its actor's run, from ray.timeline)
@@ -219,7 +221,7 @@ def main(argv=None) -> int:
         "machine": machine,
         "load_average_end": list(os.getloadavg()),
         "setting": {"data": "rectangles", "models": list(MODELS), "seeds": list(SEEDS), "workers": WORKERS, "tasks": tasks,
-                    "steps": args.steps, "batch_size": 50, "num_inducing": 16, "num_train": args.num_train,
+                    "steps": args.steps, "batch_size": BATCH_SIZE, "num_inducing": NUM_INDUCING, "num_train": args.num_train,
                     "dtype": "float32", "repeats": args.repeats, "quick": args.quick},
         "wall_s": {**walls, "ray_start": starts, "ray_stop": stops},
         "fitting_phase_s": phases,

@@ -262,7 +262,7 @@ def nystrom(K_ii, K_ti, K_t, Sigma, mean=None, residual_tol: float | None = None
       ``((f_mean, f_var, ½ meanᵀK⁻¹mean), checks, L)``.
 
     ``checks["residual_ok"]`` is False when some residual K_tt·i < −residual_tol · K_t (rounding
-    above that is clipped to 0), ``checks["chol_ok"]`` when the factorisation failed; ``checks``
+    above that is clipped to 0), ``checks["chol_ok"]`` is False when the factorisation failed; ``checks``
     and L carry no gradient.
     """
     shape = K_ti.shape  # [B, *S, P]
@@ -307,6 +307,7 @@ _taylor_frobenius.defvjp(_taylor_frobenius_fwd, _taylor_frobenius_bwd)
 
 def gram_kl(G_chol, K_chol, K, form: str = "taylor_symmetric"):
     """KL(N(0, G) ‖ N(0, K)) for G = V Vᵀ (V = ``G_chol``), K = L Lᵀ (``K_chol``), all ``[P, P]``.
+    Only the exact form reads ``K_chol``; the Taylor forms read K and take ``K_chol=None``.
 
     ``"exact"``: ½[tr(K⁻¹G) − P + log|K| − log|G|], tr(K⁻¹G) = ‖L⁻¹V‖²_F, log-determinants
     from the factors' diagonals.
