@@ -305,12 +305,47 @@ def _taylor_frobenius_bwd(residuals, f_bar):
 _taylor_frobenius.defvjp(_taylor_frobenius_fwd, _taylor_frobenius_bwd)
 
 
+@jax.custom_vjp
+def _exact_kl(G_chol, K, K_chol):
+    """½[tr(K⁻¹G) − P + log|K| − log|G|] for G = V Vᵀ (V = ``G_chol``) and K = L Lᵀ (L = ``K_chol``, a
+    factor of K computed elsewhere), with its VJP in closed form.
+
+    tr(K⁻¹G) = ‖L⁻¹V‖²_F and the log-determinants come from the factors' diagonals. With B = K⁻¹V:
+    K̄ = ½ (K⁻¹ − B Bᵀ) and V̄ = B − diag(1/V_ii) (only V's lower triangle is read). The gradient
+    reaches K through this formula, never through L, so the caller may pass a factor it already has
+    (the Nyström step's) and no Cholesky factorisation is differentiated.
+    """
+    return _exact_kl_fwd(G_chol, K, K_chol)[0]
+
+
+def _exact_kl_fwd(G_chol, K, K_chol):
+    L = jax.lax.stop_gradient(K_chol)
+    A = solve_triangular(L, G_chol, lower=True)  # [P, P] = L⁻¹V
+    logdet_K = 2.0 * jnp.sum(jnp.log(diagonal(L)))
+    logdet_G = 2.0 * jnp.sum(jnp.log(diagonal(G_chol)))
+    return 0.5 * (jnp.sum(A * A) - K.shape[-1] + logdet_K - logdet_G), (G_chol, L, A)
+
+
+def _exact_kl_bwd(residuals, f_bar):
+    G_chol, L, A = residuals
+    P = L.shape[-1]
+    B = solve_triangular(L, A, lower=True, trans="T")  # [P, P] = K⁻¹V
+    K_inv = cho_solve((L, True), jnp.eye(P, dtype=L.dtype))  # [P, P]
+    K_bar = 0.5 * f_bar * (K_inv - B @ B.T)
+    G_bar = f_bar * (B - jnp.diag(1.0 / diagonal(G_chol)))
+    return G_bar, K_bar, jnp.zeros_like(L)
+
+
+_exact_kl.defvjp(_exact_kl_fwd, _exact_kl_bwd)
+
+
 def gram_kl(G_chol, K_chol, K, form: str = "taylor_symmetric"):
     """KL(N(0, G) ‖ N(0, K)) for G = V Vᵀ (V = ``G_chol``), K = L Lᵀ (``K_chol``), all ``[P, P]``.
-    Only the exact form reads ``K_chol``; the Taylor forms read K and take ``K_chol=None``.
+    Only the exact form reads ``K_chol`` (None: it factorises K itself); the Taylor forms read K and
+    take ``K_chol=None``. Gradients reach K through K itself, never through ``K_chol``.
 
     ``"exact"``: ½[tr(K⁻¹G) − P + log|K| − log|G|], tr(K⁻¹G) = ‖L⁻¹V‖²_F, log-determinants
-    from the factors' diagonals.
+    from the factors' diagonals, with a closed-form VJP (:func:`_exact_kl`).
 
     The Taylor forms (Milsom et al. 2024, §3.2, eq. 5-8) expand in the eigenvalues λ_i of G⁻¹K
     around 1: KL = ½ Σ_i (1/λ_i − 1 + log λ_i) = ¼ Σ_i (λ_i − 1)² + O((λ − 1)³). The paper's
@@ -341,10 +376,7 @@ def gram_kl(G_chol, K_chol, K, form: str = "taylor_symmetric"):
     P = K.shape[-1]
     eye = jnp.eye(P, dtype=K.dtype)
     if form == "exact":
-        trace = jnp.sum(solve_triangular(K_chol, G_chol, lower=True) ** 2)  # tr(K⁻¹G)
-        logdet_K = 2.0 * jnp.sum(jnp.log(diagonal(K_chol)))
-        logdet_G = 2.0 * jnp.sum(jnp.log(diagonal(G_chol)))
-        return 0.5 * (trace - P + logdet_K - logdet_G)
+        return _exact_kl(G_chol, K, jnp.linalg.cholesky(jax.lax.stop_gradient(K)) if K_chol is None else K_chol)
     if form == "taylor_frobenius":
         return _taylor_frobenius(G_chol, K)  # ¼‖D‖²_F, D = G⁻¹K − I
     if form == "taylor_symmetric":
@@ -430,9 +462,9 @@ def gram_layers(params, config: DKMConfig, X, noise=None, *, _init: bool = False
             G_tilde = wishart_skr(None, V, config.layer_gamma(index), config.skr_jitter, train=False)  # [P, P]
         else:
             G_tilde = wishart_from_noise(V, noise[index], config.skr_jitter)  # [P, P]
-        G, checks, _ = nystrom(K_ii, K.ti, K.t, G_tilde, residual_tol=config.residual_tol)
+        G, checks, K_chol = nystrom(K_ii, K.ti, K.t, G_tilde, residual_tol=config.residual_tol)
         aux["checks"][name] = checks
-        aux["kl"][name] = gram_kl(V, _kl_factor(config, K_ii), K_ii, config.kl)
+        aux["kl"][name] = gram_kl(V, K_chol, K_ii, config.kl)  # the exact form reuses the Nyström step's factor
         aux["jitter"][name] = jitter
         aux["K_ii"][name] = K_ii  # [P, P], the prior covariance of G_ii (jitter included)
         if config.record_condition:
@@ -463,12 +495,6 @@ def gram_layers(params, config: DKMConfig, X, noise=None, *, _init: bool = False
 
 def _residual_tol(config: DKMConfig, dtype) -> float:
     return default_residual_tol(dtype) if config.residual_tol is None else config.residual_tol
-
-
-def _kl_factor(config: DKMConfig, K_ii):
-    """chol K_ii for the exact KL, whose log|K| and tr(K⁻¹G) read it (and differentiate through it);
-    None for the Taylor forms, which read K_ii itself (:func:`gram_kl`)."""
-    return jnp.linalg.cholesky(K_ii) if config.kl == "exact" else None
 
 
 def _output_prior(output_params, config: DKMConfig, G: GramBlocks):
@@ -517,10 +543,10 @@ def forward(params, config: DKMConfig, X, key=None, train: bool = False, *, _ini
     if _init:  # the NNGP start: Σ = K_ii
         op["V"] = raw_from_chol(jnp.linalg.cholesky(K.ii))
     S_chol = chol_factor(op["V"])  # [P, P], Σ = S Sᵀ shared by the classes
-    (f_mean, f_var, kl_mean), aux["checks"]["output"], _ = nystrom(
+    (f_mean, f_var, kl_mean), aux["checks"]["output"], K_chol = nystrom(
         K.ii, K.ti, K.t, S_chol @ S_chol.T, op["mu"], residual_tol=_residual_tol(config, K.t.dtype))
     out["f_mean"], out["f_var"] = f_mean, f_var  # [B, C], [B]
-    aux["kl"]["output"] = num_classes * gram_kl(S_chol, _kl_factor(config, K.ii), K.ii, config.kl) + kl_mean
+    aux["kl"]["output"] = num_classes * gram_kl(S_chol, K_chol, K.ii, config.kl) + kl_mean
     aux["jitter"]["output"] = jitter
     if _init:
         new = dict(params)

@@ -52,6 +52,15 @@ def plain_nystrom(K_ii, K_ti, K_t, Sigma, mean=None, residual_tol=None):
     return (X.T @ mu_s, var, 0.5 * jnp.sum(mu_s * mu_s)), checks, L
 
 
+def plain_exact_kl(G_chol, K, K_chol=None):
+    """The exact KL ½[tr(K⁻¹G) − P + log|K| − log|G|] written plainly, for JAX to differentiate through
+    its own L = chol K (``K_chol`` is ignored)."""
+    L = jnp.linalg.cholesky(K)
+    A = solve_triangular(L, G_chol, lower=True)
+    return 0.5 * (jnp.sum(A * A) - K.shape[-1] + 2.0 * jnp.sum(jnp.log(jnp.diagonal(L)))
+                  - 2.0 * jnp.sum(jnp.log(jnp.diagonal(G_chol))))
+
+
 def _gram(A, jitter=0.0):
     return A @ A.T / A.shape[1] + jitter * jnp.eye(A.shape[0], dtype=A.dtype)
 
@@ -129,8 +138,9 @@ def test_output_moments_and_gradients_equal_the_triangular_solve_program(dtype):
 def test_objective_and_gradient_equal_the_autodiff_program(monkeypatch, kl, precision):
     """The whole training objective (an fc Gram layer with a mixing matrix 8 -> 6, SE kernel, softmax
     output, SKR on) and its gradient are the same with ``dkm.nystrom`` and with :func:`plain_nystrom`,
-    in float64 to rounding and in float32 to single precision. The exact KL differentiates through
-    its own factor of K_ii; the Taylor forms read K_ii."""
+    in float64 to rounding and in float32 to single precision. The reference differentiates the exact KL
+    through its own factor of K_ii (:func:`plain_exact_kl`), where the library reuses the Nyström step's
+    factor and a closed-form VJP; the Taylor forms read K_ii."""
     dtype = jnp.float64 if precision == "float64" else jnp.float32
     rng = np.random.default_rng(5)
     X = jnp.asarray(rng.normal(size=(20, 2)), dtype)
@@ -148,6 +158,7 @@ def test_objective_and_gradient_equal_the_autodiff_program(monkeypatch, kl, prec
 
     value, grads = value_and_grad()
     monkeypatch.setattr(dkm, "nystrom", plain_nystrom)
+    monkeypatch.setattr(dkm, "_exact_kl", plain_exact_kl)
     value_plain, grads_plain = value_and_grad()
     rtol = 1e-10 if dtype == jnp.float64 else 1e-4
     assert value.dtype == dtype
@@ -194,6 +205,32 @@ def test_frobenius_kl_vjp_diagonal_and_factor_equal_autodiff_of_their_formulas(d
     assert float(kl_library(raw, A)) > 1e-3
     for a, b in zip(jax.jit(jax.grad(kl_library, argnums=(0, 1)))(raw, A), jax.jit(jax.grad(kl_formula, argnums=(0, 1)))(raw, A)):
         assert a.dtype == dtype
+        np.testing.assert_allclose(a, b, rtol=10 * rtol, atol=10 * atol * float(jnp.max(jnp.abs(b))))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_exact_kl_vjp_equals_autodiff_through_the_cholesky_factor(dtype):
+    """gram_kl("exact") with a given factor of K (no gradient through it) has the value and the gradients,
+    with respect to V's raw parameters and to K, of the plain formula differentiated through chol K."""
+    rng = np.random.default_rng(9)
+    P = 6
+    raw = jnp.asarray(0.3 * rng.normal(size=(P, P)), dtype)
+    A = jnp.asarray(rng.normal(size=(P, P + 2)), dtype)
+    rtol, atol = _tol(dtype)
+
+    def kl_library(r, A):
+        K = _gram(A, 0.1)
+        return dkm.gram_kl(dkm.chol_factor(r), jax.lax.stop_gradient(jnp.linalg.cholesky(K)), K, "exact")
+
+    def kl_formula(r, A):
+        return plain_exact_kl(dkm.chol_factor(r), _gram(A, 0.1))
+
+    np.testing.assert_allclose(kl_library(raw, A), kl_formula(raw, A), rtol=rtol)
+    assert float(kl_library(raw, A)) > 1e-2
+    np.testing.assert_allclose(dkm.gram_kl(dkm.chol_factor(raw), None, _gram(A, 0.1), "exact"), kl_formula(raw, A), rtol=rtol)
+    for a, b in zip(jax.jit(jax.grad(kl_library, argnums=(0, 1)))(raw, A), jax.jit(jax.grad(kl_formula, argnums=(0, 1)))(raw, A)):
+        assert a.dtype == dtype
+        assert float(jnp.max(jnp.abs(b))) > 1e-3
         np.testing.assert_allclose(a, b, rtol=10 * rtol, atol=10 * atol * float(jnp.max(jnp.abs(b))))
 
 
