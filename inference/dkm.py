@@ -474,7 +474,7 @@ def gram_layers(params, config: DKMConfig, X, noise=None, *, _init: bool = False
         if spec.skip_from is not None:
             shortcut = history[spec.skip_from]
             if "skip_mix" in lp:
-                shortcut = _mix(config, lp["skip_mix"], shortcut, _skip_stride(shortcut, G))
+                shortcut = _mix(config, lp["skip_mix"], shortcut, _skip_stride(config, index))
             G = convex_combination(G, shortcut, 0.5)
         history[index] = G
         new_layers.append(lp)
@@ -556,10 +556,10 @@ def forward(params, config: DKMConfig, X, key=None, train: bool = False, *, _ini
     return out, aux
 
 
-def _skip_stride(shortcut: GramBlocks, G: GramBlocks) -> int:
-    if shortcut.t.ndim == 1:
-        return 1
-    return max(1, shortcut.t.shape[1] // G.t.shape[1])
+def _skip_stride(config: DKMConfig, index: int) -> int:
+    """Stride of layer ``index``'s 1×1 skip mix-up: the product of the strides between its source and
+    it, since "same" padding maps n to ceil(n/a) and ceil(ceil(n/a)/b) = ceil(n/(ab)), whatever the size's parity."""
+    return math.prod(config.layers[j].stride for j in range(config.layers[index].skip_from + 1, index + 1))
 
 
 # --------------------------------------------------------------------------- initialisation

@@ -11,8 +11,8 @@
 
 The spec's ``kernel`` is the architecture (:class:`~gpzoo.models.dkm.DKMConfig`), its method
 ``"dkm"`` (:mod:`gpzoo.inference.dkm_family`: the NumPyro program and its fitter). q(u) of the
-output layer is unwhitened with one covariance shared by the outputs, as in the paper, so the
-``whiten`` and ``q_structure`` options do not apply.
+output layer is unwhitened with one covariance shared by the outputs, as in the paper: ``whiten`` does
+not apply (it is ignored) and a ``q_structure`` other than ``"full"`` is refused by name.
 
 Defaults: the paper's regularisers (§4.1: ν = 1e-3, SKR with γ = ceil(P_ℓ/4), λ = 0.1, Adam with
 β = (0.8, 0.9) is ``gpzoo.fit``'s choice to make) and its normalised-Gaussian kernel for
@@ -73,6 +73,9 @@ def _regularisers(nu, skr, skr_gamma, skr_jitter, kl, kernel) -> dict:
 
 
 def _dkm_spec(common: Common, name: str, config_fields: dict, input_kind: str, image_shape) -> ModelSpec:
+    if common.q_structure != "full":  # the output GP's covariance is one full Σ shared by the outputs
+        raise InvalidArgumentError("q_structure", f"a deep kernel machine's output layer has one full covariance shared "
+                                                  f"by its outputs; got {common.q_structure!r}")
     likelihood = common.resolved_likelihood()
     config = DKMConfig(likelihood=likelihood, num_outputs=likelihood.num_latent(common.num_classes),
                        num_input_inducing=common.num_inducing, image_shape=image_shape, **config_fields)

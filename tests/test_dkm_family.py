@@ -96,11 +96,51 @@ def test_conv_dkm_options_build_a_resnet_style_stack():
 
 
 @pytest.mark.parametrize("option, value", [("widths", (4, 4)), ("depth", 0), ("nu", -1.0), ("skr_gamma", 0),
-                                           ("filter_shape", (2, 2))])
+                                           ("filter_shape", (2, 2)), ("q_structure", "diag")])
 def test_invalid_dkm_options_are_typed_errors_naming_them(option, value):
     facts = dict(input_dim=36, image_shape=(6, 6), task="binary", depth=3)
     with pytest.raises(InvalidArgumentError, match=option):
         zoo.get("conv-dkm", **(facts | {option: value}))
+
+
+@pytest.mark.parametrize("field, value", [("skr_gamma", 0), ("skr_gamma", (2,)), ("nu", -1.0), ("nu", float("nan")),
+                                          ("nu", (1e-3, -1.0)), ("num_outputs", 0), ("kernel_jitter", -1.0),
+                                          ("skr_jitter", float("inf")), ("output_kl_weight", -0.5), ("stride", 0)])
+def test_dkm_config_refuses_bad_settings_naming_them(field, value):
+    """The low-level DKMConfig checks its own settings (not only the zoo's options), naming the field."""
+    from gpzoo.models.dkm import DKMConfig, GramLayerSpec
+    from gpzoo.models.likelihoods import Bernoulli
+
+    stride = value if field == "stride" else 2
+    fields = dict(layers=(GramLayerSpec(4), GramLayerSpec(4, stride=stride)), likelihood=Bernoulli(), num_outputs=1,
+                  architecture="conv")
+    if field != "stride":
+        fields[field] = value
+    with pytest.raises(InvalidArgumentError) as info:
+        DKMConfig(**fields)
+    assert info.value.argument == ("layers[1].stride" if field == "stride" else field)
+
+
+@pytest.mark.parametrize("shape", [(9, 12), (7, 5, 3)])
+def test_conv_dkm_skips_across_the_stride_2_stage_on_odd_image_sizes(shape):
+    """A skip's 1×1 mix-up strides by the product of the strides it jumps ("same" padding: 9 rows -> 5),
+    so odd heights and widths fit; the blocks after every layer have the sizes conv_output_shape gives."""
+    from gpzoo.models.kernels.gram import conv_output_shape
+
+    rng = np.random.default_rng(0)
+    n = 12
+    X = rng.uniform(size=(n, int(np.prod(shape))))
+    y = np.arange(n) % 2
+    spec = zoo.get("conv-dkm", image_shape=shape, task="binary", num_inducing=3, depth=4)
+    config = spec.kernel
+    params = dkm.init_params(jax.random.PRNGKey(0), config, config.network_inputs(jnp.asarray(X)))
+    _, blocks, _, _ = dkm.gram_layers(params, config, config.network_inputs(jnp.asarray(X)))
+    expected = shape[:2]
+    for layer in config.layers:
+        expected = conv_output_shape(expected, layer.filter_shape, layer.stride)
+    assert blocks.t.shape == (n, *expected) and blocks.ti.shape == (n, *expected, config.layers[-1].num_inducing)
+    res = fit(spec, X, y, steps=2, batch_size=6, seed=0, progress=False)
+    assert res.objective_history.shape == (2,) and np.all(np.isfinite(res.objective_history))
 
 
 @pytest.mark.slow
