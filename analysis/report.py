@@ -45,8 +45,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Page", "ReportError", "check_writable", "comparison_figure", "comparison_table", "data_line", "environment",
-    "fit_facts", "heldout_metrics", "hyperparameter_table", "jitter_line", "load_report", "netcdf_engine", "ranking_table",
-    "seeds_table", "settings_line", "unique_file_stems", "verdict",
+    "fit_facts", "heldout_metrics", "hyperparameter_table", "jitter_line", "condition_line", "load_report", "netcdf_engine",
+    "ranking_table", "seeds_table", "settings_line", "unique_file_stems", "verdict",
     "read_datatree", "rebuild_report", "report", "summary_columns", "write_datatree",
 ]
 
@@ -271,7 +271,8 @@ def fit_facts(res: FitResult) -> dict:
             "seconds": float(res.diagnostics.get("seconds", math.nan)),
             "final_minibatch_elbo": res.final_objective,
             "num_inducing": res.spec.num_inducing,
-            "jitter_events": res.diagnostics.get("jitter_events", [])}
+            "jitter_events": res.diagnostics.get("jitter_events", []),
+            **({"gram_condition": res.diagnostics["gram_condition"]} if "gram_condition" in res.diagnostics else {})}
 
 
 def environment() -> dict:
@@ -783,6 +784,25 @@ def jitter_line(metrics: Mapping[str, Mapping]) -> str:
             + ": the kernel matrices were near-singular at those steps; the fit went on with the larger jitter.")
 
 
+def condition_line(metrics: Mapping[str, Mapping]) -> str:
+    """A sentence giving, for the models that learn Gram matrices (deep kernel machines), the condition
+    number of every layer's G_ii at the start and the end of the fit, or "" when no model does."""
+    found = []
+    for name, m in metrics.items():
+        cond = m.get("fit", {}).get("gram_condition") or {}
+        start, end = cond.get("start") or {}, cond.get("end") or {}
+        if end:
+            layers = ", ".join(f"{layer} {_sci(start.get(layer))} → {_sci(value)}" for layer, value in end.items())
+            found.append(f"{name}: {layers}")
+    if not found:
+        return ""
+    return "Condition number of the learned Gram matrices G_ii (start → end of the fit): " + "; ".join(found) + "."
+
+
+def _sci(value) -> str:
+    return "?" if value is None or not math.isfinite(float(value)) else f"{float(value):.2e}"
+
+
 _NOTES = (
     "ELBO: full-data evidence lower bound (van der Wilk et al. 2017, eq. 5) ± its Monte Carlo standard error "
     "(0 when analytic); ΔELBO is the gap to the best model. Held-out Δelpd: the best held-out log predictive "
@@ -809,8 +829,8 @@ def _markdown(page: Page) -> str:
         parts += ["Across seeds (every column in [seeds.csv](seeds.csv)):", "", _markdown_table(seeds_table(page.seeds)), "",
                   "Every run:", ""]
     parts += [_markdown_table(ranking_table(page.table)), ""]
-    jitter = jitter_line(page.metrics)
-    parts += ([jitter, ""] if jitter else []) + [_NOTES, ""]
+    jitter, condition = jitter_line(page.metrics), condition_line(page.metrics)
+    parts += ([jitter, ""] if jitter else []) + ([condition, ""] if condition else []) + [_NOTES, ""]
     if not page.hyperparameters.empty:
         parts += ["## Hyperparameters", "", _markdown_table(page.hyperparameters.set_index("model")), ""]
     parts += ["## Diagnostic: PSIS-LOO", "", page.loo["sentence"], "", _markdown_table(page.loo["table"]), ""]
@@ -879,7 +899,7 @@ def _seeds_html(seeds: pd.DataFrame | None) -> str:
 
 def _html(page: Page, out: Path) -> str:
     headline, items, kind = verdict(page.reversals)
-    jitter = jitter_line(page.metrics)
+    jitter, condition = jitter_line(page.metrics), condition_line(page.metrics)
     reversal_list = "<ul>" + "".join(f"<li>{html.escape(i)}</li>" for i in items) + "</ul>" if items else ""
     by_section = {section: [f for f in page.figures if f.get("section", "figures") == section]
                   for section in ("ranking", "loo", "figures")}
@@ -914,6 +934,7 @@ def _html(page: Page, out: Path) -> str:
 <div class="verdict {kind}"><strong>{html.escape(headline)}</strong>{reversal_list}</div>
 {_seeds_html(page.seeds)}{_table_html(ranking_table(page.table))}
 {f'<p class="jitter">{html.escape(jitter)}</p>' if jitter else ''}
+{f'<p class="notes">{html.escape(condition)}</p>' if condition else ''}
 <p class="notes">{html.escape(_NOTES)}</p>
 {hyper}
 {_figures_html(by_section["ranking"], out)}

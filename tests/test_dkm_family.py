@@ -6,6 +6,7 @@ cond(G_ℓ) and names numerical failures, its zoo options build the stated archi
 """
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -152,3 +153,9 @@ def test_gpzoo_compare_ranks_a_dkm_with_the_other_zoo_models(tmp_path):
     table = (tmp_path / "cmp" / "comparison.csv").read_text()
     assert table.splitlines()[0].startswith("model") and "dkm" in table and "svgp-rbf" in table
     assert (tmp_path / "cmp" / "models" / "dkm").exists()
+    # the report states cond(G_ii) of every Gram layer at the start and the end of the fit
+    cond = json.loads((tmp_path / "cmp" / "models" / "dkm.json").read_text())["fit"]["gram_condition"]
+    assert set(cond["start"]) == set(cond["end"]) == {"layer 1", "layer 2"} and all(v >= 1 for v in cond["end"].values())
+    for page in ("report.md", "report.html"):
+        text = (tmp_path / "cmp" / page).read_text()
+        assert "Condition number of the learned Gram matrices" in text and f"{cond['end']['layer 2']:.2e}" in text
