@@ -45,7 +45,7 @@ DEFAULTS = {"steps": 150, "batch_size": 50, "num_inducing": 16, "learning_rate":
 EXIT_USAGE, EXIT_FAILURE = 2, 1
 #: Fewest posterior draws a report accepts (gpzoo.analysis.datatree.MIN_DRAWS; kept here so that
 #: `gpzoo --help` stays light, and checked equal by the tests).
-MIN_DRAWS = 25
+MIN_DRAWS = 30
 #: Files and folders a report directory holds (what --overwrite replaces; anything else is left alone).
 REPORT_ENTRIES = ("report.json", "report.md", "report.html", "comparison.csv", "run.json", "models", "figures", "checkpoints")
 

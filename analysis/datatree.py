@@ -95,8 +95,10 @@ __all__ = ["LOO_VAR_NAME", "MAX_STORED_FEATURES", "MIN_DRAWS", "datatree_and_elb
 MAX_STORED_FEATURES = 64
 #: The log-likelihood variable PSIS-LOO is computed on (the training data, the only one in ``log_likelihood``).
 LOO_VAR_NAME = "y"
-#: Fewest draws accepted: PSIS fits a Pareto tail to min(S/5, 3√S) draws and needs at least 5.
-MIN_DRAWS = 25
+#: Fewest draws accepted: PSIS fits a generalised Pareto tail to floor(S/5) of S draws (3√(S/r_eff) for large
+#: S) and needs at least 5, and with exactly 5 tail draws ArviZ's fit returns k = NaN at every point (measured:
+#: S = 25-29 gave NaN Pareto k everywhere, S = 30 finite k), so a report stores at least 30.
+MIN_DRAWS = 30
 OBS_DIM = "obs_id"
 #: Test-set groups and the ArviZ group each plays the role of in :func:`heldout_view`.
 #: Variational parameters with one entry per training point (the free Pólya–Gamma tilts c_n of

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from gpzoo.models import kernels
 from gpzoo.models import zoo_convolutional, zoo_deep, zoo_dkm, zoo_invariant, zoo_pg, zoo_tick  # noqa: F401 - each registers its family
-from gpzoo.models.errors import InvalidArgumentError
+from gpzoo.models.errors import HyperparameterError, InvalidArgumentError
 from gpzoo.models.zoo_core import (
     DATASET_FACTS,
     LIKELIHOOD_NAMES,
@@ -86,8 +86,15 @@ def get(name: str, **given) -> ModelSpec:
     entry = _entry(name)
     for key, value in given.items():
         _option(name, key).check(value)
+    options = set(given)
     shared = {k: given.pop(k) for k in list(given) if k in Common.__dataclass_fields__}
-    spec = entry.builder(Common(**(entry.common_defaults | shared)), **given)
+    try:
+        spec = entry.builder(Common(**(entry.common_defaults | shared)), **given)
+    except HyperparameterError as error:  # "SquaredExponential.lengthscale": name the option the user gave
+        option = str(error.argument).rsplit(".", 1)[-1]
+        if option in options and option != error.argument:
+            raise HyperparameterError(option, str(error).split(": ", 1)[-1]) from error
+        raise
     return spec.replace(name=name, description=spec.description or entry.description)
 
 

@@ -115,6 +115,11 @@ class Common:
             raise InvalidArgumentError("task", f"unknown task {self.task!r}; use one of {', '.join(map(repr, TASKS))}")
         if self.num_classes is not None:
             check_integer(self.num_classes, "num_classes", minimum=2)
+            if self.task == "binary" and self.num_classes != 2:
+                raise InvalidArgumentError("num_classes", f"a binary task has 2 classes, got {self.num_classes}")
+            if self.task == "regression":
+                raise InvalidArgumentError("num_classes", f"a regression task has no classes, got {self.num_classes}; "
+                                                          "set task='multiclass' for a classifier")
         check_integer(self.num_inducing, "num_inducing", minimum=1)
         for name, tp in typing.get_type_hints(Common, include_extras=True).items():
             if not _matches(tp, getattr(self, name)):

@@ -325,7 +325,7 @@ def test_num_draws_below_the_psis_minimum_is_refused_before_fitting(tmp_path, ca
     assert cli.MIN_DRAWS == datatree.MIN_DRAWS
     line = _error(["compare", "--data", "two-moons", "--models", "svgp-rbf", "--num-draws", "5", "--out", str(tmp_path / "o")],
                   capsys, 2)
-    assert "--num-draws" in line and ">= 25" in line
+    assert "--num-draws" in line and ">= 30" in line
     assert not (tmp_path / "o").exists()
 
 

@@ -86,7 +86,7 @@ def check_contract(name: str, precision: str, tmp_path, round_trip: bool = True)
     se = np.hypot(before.stderr, after.stderr)
     assert after.elbo - before.elbo > se, (before.elbo, after.elbo, se)
 
-    dt = to_datatree(res, X_test, y_test, num_draws=25)
+    dt = to_datatree(res, X_test, y_test, num_draws=30)
     for group in dt.children.values():
         for var in group.data_vars.values():
             if np.issubdtype(var.dtype, np.floating):

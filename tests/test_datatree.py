@@ -17,7 +17,7 @@ import xarray as xr
 from arviz_base import from_dict
 
 from gpzoo.analysis.compare import loo_approximate
-from gpzoo.analysis.datatree import heldout_view, to_datatree
+from gpzoo.analysis.datatree import MIN_DRAWS, heldout_view, to_datatree
 from gpzoo.analysis.report import read_datatree, write_datatree
 from gpzoo.inference.exact import exact_log_marginal, optimal_q
 from gpzoo.inference.fit import fit, predict
@@ -213,7 +213,7 @@ def test_sampled_hyperparameters_are_drawn_per_draw():
     pointwise = pointwise_given_u(res, X, y, draws, jax.random.PRNGKey(1))
     assert pointwise.log_lik.shape == (25, 20) and np.all(np.isfinite(pointwise.log_lik))
 
-    dt = to_datatree(res, X, y, num_draws=25)  # the shapes above: nothing new to compile but predict
+    dt = to_datatree(res, X, y, num_draws=MIN_DRAWS)  # the shapes above: nothing new to compile but predict
     assert np.unique(dt.posterior["kernel_lengthscale"].values).size == 25
     assert dt.posterior["kernel_lengthscale"].attrs["estimate"] == "draws from q(theta)"
     assert json.loads(dt.posterior.attrs["sampled_hyperparameters"]) == ["kernel_lengthscale"]
@@ -258,7 +258,7 @@ def test_conv_model_summary_and_named_dims():
     res = fit(spec, X, y, steps=3, progress=False)
     table = _check_summary(res)
     assert table.loc["kernel.weights", "shape"] == (9,) and table.loc["inducing.Z", "shape"] == (4, 9)
-    dt = to_datatree(res, X, y, num_draws=25)  # test set = training set: one compilation of the pointwise terms
+    dt = to_datatree(res, X, y, num_draws=MIN_DRAWS)  # test set = training set: one compilation of the pointwise terms
     assert dt.posterior["kernel_weights"].dims == ("chain", "draw", "patch")
     assert dt.optimization["inducing_Z"].dims == ("inducing", "patch_feature")
     assert dt.predictions_constant_data["X"].dims == ("obs_id", "feature")  # 25 columns: stored
@@ -273,9 +273,10 @@ def test_float32_datatree(float32, tmp_path):
     assert res.params["kernel.lengthscale"].dtype == np.float32
     table = _check_summary(res)
     assert set(table["dtype"]) == {"float32"}
-    dt = to_datatree(res, X, y, num_draws=25)
+    dt = to_datatree(res, X, y, num_draws=MIN_DRAWS)
     assert dt.posterior["u"].dtype == np.float32 and dt.posterior["kernel_lengthscale"].dtype == np.float32
     assert np.isfinite(az.loo(dt).elpd)
+    assert np.all(np.isfinite(az.loo(dt, pointwise=True).pareto_k))  # enough draws for PSIS's Pareto fit
     assert "kernel_lengthscale" in az.summary(dt).index
     dt.to_netcdf(tmp_path / "f32.nc")
     with xr.open_datatree(tmp_path / "f32.nc") as back:

@@ -149,7 +149,7 @@ def test_gpzoo_compare_ranks_a_dkm_with_the_other_zoo_models(tmp_path):
     from gpzoo.analysis.cli import main  # noqa: PLC0415 - the command line, as a user runs it
 
     main(["compare", "--data", "two-moons", "--models", "dkm,svgp-rbf", "--steps", "10", "--num-inducing", "6",
-          "--num-train", "60", "--num-test", "40", "--num-draws", "25", "--out", str(tmp_path / "cmp"), "--quiet"])
+          "--num-train", "60", "--num-test", "40", "--num-draws", "30", "--out", str(tmp_path / "cmp"), "--quiet"])
     table = (tmp_path / "cmp" / "comparison.csv").read_text()
     assert table.splitlines()[0].startswith("model") and "dkm" in table and "svgp-rbf" in table
     assert (tmp_path / "cmp" / "models" / "dkm").exists()

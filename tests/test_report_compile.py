@@ -117,12 +117,12 @@ def test_separate_programs_of_a_monte_carlo_model_compile_ahead_too(saved_softma
     assert not summaries_supported(res)  # softmax: Monte Carlo expectations
     with _Compiles() as ahead, AheadOfTime(2) as aot:
         submit_elbo_programs(aot, "m", res, num_samples=3, seed=0)
-        submit_datatree_programs(aot, "m", res, X_test, y_test, num_draws=25, seed=0)
+        submit_datatree_programs(aot, "m", res, X_test, y_test, num_draws=30, seed=0)
         aot.wait("m")
     assert ahead.report_programs() == {**dict.fromkeys(REPORT_PROGRAMS, 0), "_draw_inducing": 1, "_pointwise_chunk": 2,
                                        "_moments": 1, "_ell_and_kl": 1}
     with _Compiles() as later:
-        dt, elbo = datatree_and_elbo(res, X_test, y_test, num_draws=25, seed=0)
+        dt, elbo = datatree_and_elbo(res, X_test, y_test, num_draws=30, seed=0)
         estimate = evaluate_elbo(res, num_samples=3, seed=0)
     assert later.report_programs() == dict.fromkeys(REPORT_PROGRAMS, 0)
     assert elbo is None and estimate.num_samples == 3 and estimate.stderr > 0  # Monte Carlo: estimated separately

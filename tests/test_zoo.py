@@ -45,6 +45,24 @@ def test_unknown_options_raise_naming_the_option():
     assert "never-registered" not in zoo.names()
 
 
+@pytest.mark.parametrize("task, num_classes", [("binary", 3), ("regression", 3), ("regression", 2)])
+def test_num_classes_that_contradict_the_task_are_refused_by_name(task, num_classes):
+    with pytest.raises(InvalidArgumentError) as info:
+        zoo.get("tick", image_shape=(7, 10), task=task, num_classes=num_classes)
+    assert info.value.argument == "num_classes"
+    assert zoo.get("tick", image_shape=(7, 10), task="binary", num_classes=2).likelihood.task == "binary"
+
+
+@pytest.mark.parametrize("option, value", [("lengthscale", -1.0), ("lengthscale", 0.0), ("variance", -2.0)])
+def test_out_of_domain_hyperparameter_options_name_the_option(option, value):
+    from gpzoo.models.errors import HyperparameterError
+
+    for name in ("tick", "conv", "deep-conv"):
+        with pytest.raises(HyperparameterError) as info:
+            zoo.get(name, image_shape=(7, 10), task="binary", **{option: value})
+        assert info.value.argument == option, name
+
+
 def test_unknown_model_lists_the_valid_names():
     with pytest.raises(zoo.UnknownModelError, match="svgp-rbf"):
         zoo.option_names("nope")
