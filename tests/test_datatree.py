@@ -200,9 +200,9 @@ def test_sampled_hyperparameters_are_drawn_per_draw():
     spec = ModelSpec(name="rbf-prior", kernel=kernels.SquaredExponential(lengthscale=prior, variance=Fixed(1.0)),
                      likelihood=likelihoods.Gaussian(noise_variance=0.1), num_inducing=5)
     res = fit(spec, X, y, steps=5, progress=False)
-    draws = sample_inducing(res, 25, jax.random.PRNGKey(0))
+    draws = sample_inducing(res, MIN_DRAWS, jax.random.PRNGKey(0))
     ls = draws.hyper["kernel.lengthscale"]  # [S]
-    assert ls.shape == (25,) and np.all(ls > 0) and np.unique(ls).size == 25
+    assert ls.shape == (MIN_DRAWS,) and np.all(ls > 0) and np.unique(ls).size == MIN_DRAWS
     assert np.all(np.isfinite(draws.log_q)) and np.all(np.isfinite(draws.log_prior))
     # the θ-part of log p − log q: log p(θ) − log q(θ); the u-part is independent of the guide of θ
     guide = dist.LogNormal(res.params["kernel.lengthscale_auto_loc"], res.params["kernel.lengthscale_auto_scale"])
@@ -211,10 +211,10 @@ def test_sampled_hyperparameters_are_drawn_per_draw():
     q_u = draws.log_q - np.asarray(guide.log_prob(ls))  # log q(u_s | θ_s)
     assert np.all(np.isfinite(u_part)) and np.all(np.isfinite(q_u))
     pointwise = pointwise_given_u(res, X, y, draws, jax.random.PRNGKey(1))
-    assert pointwise.log_lik.shape == (25, 20) and np.all(np.isfinite(pointwise.log_lik))
+    assert pointwise.log_lik.shape == (MIN_DRAWS, 20) and np.all(np.isfinite(pointwise.log_lik))
 
     dt = to_datatree(res, X, y, num_draws=MIN_DRAWS)  # the shapes above: nothing new to compile but predict
-    assert np.unique(dt.posterior["kernel_lengthscale"].values).size == 25
+    assert np.unique(dt.posterior["kernel_lengthscale"].values).size == MIN_DRAWS
     assert dt.posterior["kernel_lengthscale"].attrs["estimate"] == "draws from q(theta)"
     assert json.loads(dt.posterior.attrs["sampled_hyperparameters"]) == ["kernel_lengthscale"]
     assert json.loads(dt.posterior.attrs["fixed_hyperparameters"]) == {"kernel.variance": 1.0}
