@@ -14,10 +14,9 @@ import math
 from typing import Any
 
 import jax
-import numpy as np
 
 
-from gpzoo.models.errors import InvalidArgumentError, ShapeError, as_float_array
+from gpzoo.models.errors import InvalidArgumentError, ShapeError, as_float_array, check_integer, check_real
 from gpzoo.models.kernels.gram import GRAM_KERNELS
 
 __all__ = ["DKMConfig", "GramLayerSpec", "KL_FORMS"]
@@ -116,32 +115,31 @@ class DKMConfig:
                 raise InvalidArgumentError(f"layers[{i}].skip_from", f"must be in [-1, {i - 1}], got {spec.skip_from}")
             if self.architecture == "conv" and any(k % 2 == 0 for k in spec.filter_shape):
                 raise InvalidArgumentError(f"layers[{i}].filter_shape", f"must be odd, got {spec.filter_shape}")
-            if self.architecture == "conv" and any(_not_positive_int(k) for k in spec.filter_shape):
-                raise InvalidArgumentError(f"layers[{i}].filter_shape", f"must be positive integers, got {spec.filter_shape}")
-            if _not_positive_int(spec.stride):
-                raise InvalidArgumentError(f"layers[{i}].stride", f"must be an integer >= 1, got {spec.stride!r}")
+            if self.architecture == "conv":
+                for k in spec.filter_shape:
+                    check_integer(k, f"layers[{i}].filter_shape", minimum=1)
+            check_integer(spec.stride, f"layers[{i}].stride", minimum=1)
         if self.head == "flatten" and self.architecture == "conv" and not self.head_inducing:
             raise InvalidArgumentError("head_inducing", "the flatten head needs its number of inducing outputs")
         for name in ("num_outputs", "num_input_inducing", "head_inducing"):
-            value = getattr(self, name)
-            if (value is not None or name == "num_outputs") and _not_positive_int(value):
-                raise InvalidArgumentError(name, f"must be an integer >= 1, got {value!r}")
+            if name == "num_outputs" or getattr(self, name) is not None:
+                check_integer(getattr(self, name), name, minimum=1)
         for name in ("skr_jitter", "kernel_jitter", "kernel_bias", "output_kl_weight"):
-            if not _finite_at_least_zero(getattr(self, name)):
-                raise InvalidArgumentError(name, f"must be a finite number >= 0, got {getattr(self, name)!r}")
-        self._check_per_layer("nu", _finite_at_least_zero, "a finite number >= 0")
+            _check_at_least_zero(getattr(self, name), name)
+        for value in self._per_layer("nu"):
+            _check_at_least_zero(value, "nu")
         if self.skr_gamma is not None:
-            self._check_per_layer("skr_gamma", lambda g: not _not_positive_int(g), "an integer >= 1")
+            for value in self._per_layer("skr_gamma"):
+                check_integer(value, "skr_gamma", minimum=1)
 
-    def _check_per_layer(self, name: str, ok, what: str) -> None:
-        """``name`` is one value or one per Gram layer, each ``ok``; else an error naming it."""
+    def _per_layer(self, name: str) -> tuple:
+        """The values of a setting given once or once per Gram layer; an error naming it for a wrong count."""
         value = getattr(self, name)
-        values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
-        if isinstance(value, (tuple, list)) and len(values) != len(self.layers):
-            raise InvalidArgumentError(name, f"needs one value per Gram layer ({len(self.layers)}), got {len(values)}")
-        for v in values:
-            if not ok(v):
-                raise InvalidArgumentError(name, f"must be {what} (or one per Gram layer), got {value!r}")
+        if not isinstance(value, (tuple, list)):
+            return (value,)
+        if len(value) != len(self.layers):
+            raise InvalidArgumentError(name, f"needs one value per Gram layer ({len(self.layers)}), got {len(value)}")
+        return tuple(value)
 
     def network_inputs(self, X):
         """Inputs as the network takes them: ``[N, ν₀]`` (fc), ``[N, H, W, C]`` (conv; reshaped
@@ -180,13 +178,9 @@ class DKMConfig:
         return self.num_input_inducing or self.layers[0].num_inducing
 
 
-def _not_positive_int(value) -> bool:
-    return isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1
-
-
-def _finite_at_least_zero(value) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating)) \
-        and math.isfinite(value) and value >= 0
+def _check_at_least_zero(value, argument: str) -> None:
+    if check_real(value, argument) < 0:
+        raise InvalidArgumentError(argument, f"must be a finite number >= 0, got {value!r}")
 
 
 def _flatten_config(config: DKMConfig):

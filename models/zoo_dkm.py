@@ -59,12 +59,7 @@ def _widths(widths, default: tuple[int, ...], depth: int) -> tuple[int, ...]:
 
 
 def _regularisers(nu, skr, skr_gamma, skr_jitter, kl, kernel) -> dict:
-    if not float(nu) >= 0:
-        raise InvalidArgumentError("nu", f"must be >= 0, got {nu!r}")
-    if skr_gamma is not None and (not isinstance(skr_gamma, int) or skr_gamma < 1):
-        raise InvalidArgumentError("skr_gamma", f"must be a positive integer or none, got {skr_gamma!r}")
-    if not float(skr_jitter) >= 0:
-        raise InvalidArgumentError("skr_jitter", f"must be >= 0, got {skr_jitter!r}")
+    # ν, γ and λ are checked (and named) by DKMConfig itself
     for name, value, allowed in (("kl", kl, ("exact", "taylor_symmetric", "taylor_frobenius")),
                                  ("kernel", kernel, ("arccos", "normalised_gaussian", "squared_exponential"))):
         if value not in allowed:
