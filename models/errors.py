@@ -15,10 +15,12 @@ class GPZooError(Exception):
 
 
 class InvalidArgumentError(GPZooError, ValueError):
-    """An argument has the wrong value, shape or dtype. ``argument`` names it."""
+    """An argument has the wrong value, shape or dtype. ``argument`` names it; ``message`` is the
+    sentence about it (the error's text is ``"argument: message"``)."""
 
     def __init__(self, argument: str, message: str):
         self.argument = argument
+        self.message = message
         super().__init__(f"{argument}: {message}")
 
 

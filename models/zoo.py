@@ -93,7 +93,7 @@ def get(name: str, **given) -> ModelSpec:
     except HyperparameterError as error:  # "SquaredExponential.lengthscale": name the option the user gave
         option = str(error.argument).rsplit(".", 1)[-1]
         if option in options and option != error.argument:
-            raise HyperparameterError(option, str(error).split(": ", 1)[-1]) from error
+            raise HyperparameterError(option, error.message) from error
         raise
     return spec.replace(name=name, description=spec.description or entry.description)
 
