@@ -57,6 +57,7 @@ def test_ard_lengthscale_of_the_wrong_length_is_refused(data, spec):
     with pytest.raises(InvalidArgumentError) as info:
         zoo.get("svgp-rbf", input_dim=2, lengthscale=(1.0, 2.0, 3.0))
     assert info.value.argument == "lengthscale"
+    assert str(info.value) == f"lengthscale: {info.value.message}" and "SquaredExponential" not in info.value.message
     # one value per selected column is right: two active columns of three
     k = kernels.SquaredExponential(lengthscale=np.ones(2), active_dims=[0, 2])
     k.validate_inputs(np.zeros((3, 3)))
