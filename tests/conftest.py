@@ -25,6 +25,60 @@ def float32():
         jax.config.update("jax_enable_x64", previous)
 
 
+def _test_run_folder(tmp_path_factory):
+    """The temporary folder of this test run, shared by every test worker (a worker's basetemp is in it)."""
+    import os  # noqa: PLC0415
+
+    root = tmp_path_factory.getbasetemp()
+    return root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+
+
+#: JAX's compilation-cache settings as this process started (its defaults), without a cache folder
+CACHE_OFF = {name: getattr(jax.config, name) for name in (
+    "jax_persistent_cache_min_compile_time_secs", "jax_persistent_cache_min_entry_size_bytes",
+    "jax_compilation_cache_max_size")} | {"jax_compilation_cache_dir": None}
+
+
+def _cache_settings(settings: dict) -> dict:
+    """Apply JAX compilation-cache ``settings``; returns the previous ones."""
+    from jax.experimental.compilation_cache import compilation_cache  # noqa: PLC0415
+
+    previous = {name: getattr(jax.config, name) for name in settings}
+    for name, value in settings.items():
+        jax.config.update(name, value)
+    compilation_cache.reset_cache()  # JAX opens its cache once per process, on the first compilation after this
+    return previous
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _suite_compilation_cache(tmp_path_factory):
+    """JAX's persistent compilation cache in a fresh folder of this run, one per test worker.
+
+    Most of the suite's time is XLA compiling small programs, and tests compile the same ones again
+    (the same fit on the same shapes in another test, or after a ``jax.clear_caches``); with the
+    cache only the first compiles and the others read the same executable back, so results do not
+    change. One folder per worker: a shared one would need JAX's locking, which comes with its
+    size limit, and with it a scan of the folder on every write (quadratic over the suite's
+    thousands of programs). Tests of gpzoo's own use of the cache turn it off
+    (:func:`without_suite_compilation_cache`).
+    """
+    import os  # noqa: PLC0415
+
+    folder = _test_run_folder(tmp_path_factory) / f"jax-compilation-cache-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+    previous = _cache_settings({"jax_compilation_cache_dir": str(folder), "jax_persistent_cache_min_compile_time_secs": 0.0,
+                                "jax_persistent_cache_min_entry_size_bytes": 0, "jax_compilation_cache_max_size": -1})
+    yield folder
+    _cache_settings(previous)
+
+
+@pytest.fixture
+def without_suite_compilation_cache():
+    """JAX's default cache settings (no cache) inside a test of gpzoo's own cache; the suite's after it."""
+    previous = _cache_settings(CACHE_OFF)
+    yield
+    _cache_settings(previous)
+
+
 #: `gpzoo compare` options that keep a CLI run tiny (seconds per model).
 TINY_CLI = ["--steps", "8", "--batch-size", "20", "--num-train", "40", "--num-test", "30", "--num-inducing", "6",
             "--num-draws", "40", "--quiet"]
@@ -37,17 +91,13 @@ def compared_report(tmp_path_factory):
     that asks (the others wait for it); each worker gets its own copy of the directory to change."""
     import fcntl  # noqa: PLC0415
     import json  # noqa: PLC0415
-    import os  # noqa: PLC0415
     import shutil  # noqa: PLC0415
 
     from gpzoo.analysis.cli import main  # noqa: PLC0415
     from gpzoo.models import zoo  # noqa: PLC0415
 
     models = ["svgp-rbf"] + [m for m in ("conv",) if m in zoo.names()]
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # the folder of this run that holds every worker's basetemp
-    shared = root / "compared-report"
+    shared = _test_run_folder(tmp_path_factory) / "compared-report"
     shared.mkdir(exist_ok=True)
     with open(shared / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed

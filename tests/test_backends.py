@@ -20,7 +20,9 @@ from gpzoo.inference.tasks import compile_cache
 from gpzoo.models.errors import InvalidArgumentError
 from conftest import TINY_CLI
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")
+# the backends' own compilation cache is under test here: the suite's is off (conftest)
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning"),
+              pytest.mark.usefixtures("without_suite_compilation_cache")]
 
 RAY_REASON = 'Ray is an optional extra: pip install "gpzoo[ray]"'
 TINY = {"steps": 6, "batch_size": 20, "num_train": 40, "num_test": 30, "num_inducing": 5, "num_draws": 30}
