@@ -216,9 +216,17 @@ def _conv_kernels(report: dict) -> list[str]:
     load = report["machine"].get("loadavg_before"), report["machine"].get("loadavg_after")
     where = (f" Load average (1 min) {num(load[0][0])} at the start, {num(load[1][0])} at the end (2 cores)."
              if all(load) else "")
+    if "kff_inner_product_flops" in report["counts"]:
+        old = report["step_over_bound_exps_kuf_forward"]["cpu_s"]
+        counted = ("the step's exps (Kff pairs, Kuf) and matmul flops (the Kff pairs' inner products, Kuf forward and "
+                   "its dZ backward)")
+        earlier = (f" Against the count of earlier runs (B·P² exps and the Kuf forward flops only) the ELBO step is at "
+                   f"{num(old['elbo_step'])}× (CPU).")
+    else:
+        counted, earlier = "B·P² exps and the Kuf matmul flops", ""
     return ["", f"B={s['B']}, image {s['image_shape']}, patch {s['patch_shape']}, M={s['M']}, {s['dtype']}; bound = "
-                f"B·P² exps and the Kuf matmul flops at this machine's rates measured in the same run "
-                f"({num(report['bound_s']['wall_s'])} s wall, {num(report['bound_s']['cpu_s'])} s CPU).{where} "
+                f"{counted} at this machine's rates measured in the same run "
+                f"({num(report['bound_s']['wall_s'])} s wall, {num(report['bound_s']['cpu_s'])} s CPU).{earlier}{where} "
                 f"{provenance(report)}", ""] + \
         table(["hot path", "wall s", "× bound (wall)", "CPU s", "× bound (CPU)"], rows)
 

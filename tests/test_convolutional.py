@@ -659,3 +659,10 @@ def test_conv_kernels_benchmark_runs_quick(tmp_path, config):
     assert {"machine", "rates", "bound_s", "step_over_bound", "timings", "agreement"} <= set(report)
     assert all(v < 1e-4 for v in report["agreement"].values())
     assert report["step_over_bound"]["cpu_s"]["elbo_step"] > 0
+    # the bound counts the Kff pairs' inner products (E + 2 columns for TICK's located patches) on top of the earlier count
+    s, counts = report["setting"], report["counts"]
+    E = s["E"] + (2 if config == "mnist10-tick" else 0)
+    assert counts["kff_inner_product_flops"] == 2 * s["B"] * s["P"] ** 2 * E
+    assert counts["kuf_backward_flops"] == 2 * s["B"] * s["P"] * s["M"] * E
+    for clock in ("cpu_s", "wall_s"):
+        assert report["bound_s"][clock] > report["bound_exps_kuf_forward_s"][clock]
