@@ -306,7 +306,6 @@ def main(argv=None):
 
     B, P, M, E, n = setting["B"], setting["P"], setting["M"], setting["E"], setting["matmul_n"]
     E += 2 if setting["located_patches"] else 0  # TICK's sweeps run on patches augmented with their location
-    exp_count = B * P * P  # the exp anchor's size: the Kff pairs
     counts = {"kff_exps": B * P * P, "kuf_exps": B * P * M,
               "kff_inner_product_flops": 2 * B * P * P * E,
               "kuf_flops": 2 * B * P * M * E + 2 * B * P * E,
@@ -316,7 +315,7 @@ def main(argv=None):
     rates, bound, over, bound_old, over_old = {}, {}, {}, {}, {}
     relative = steps + [name for name in timings if name.startswith("kff_")]
     for clock in ("cpu_s", "wall_s"):
-        exp_rate = exp_count / timings["exp"][clock]
+        exp_rate = counts["kff_exps"] / timings["exp"][clock]  # the exp anchor sums B·P² exps
         matmul_rate = 2 * n**3 / timings["matmul"][clock]
         rates[clock] = {"exp_per_s": exp_rate, "matmul_flops_per_s": matmul_rate}
         bound[clock] = exps / exp_rate + flops / matmul_rate

@@ -1,3 +1,5 @@
+import os
+
 import jax
 import pytest
 
@@ -27,8 +29,6 @@ def float32():
 
 def _test_run_folder(tmp_path_factory):
     """The temporary folder of this test run, shared by every test worker (a worker's basetemp is in it)."""
-    import os  # noqa: PLC0415
-
     root = tmp_path_factory.getbasetemp()
     return root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
 
@@ -62,8 +62,6 @@ def _suite_compilation_cache(tmp_path_factory):
     thousands of programs). Tests of gpzoo's own use of the cache turn it off
     (:func:`without_suite_compilation_cache`).
     """
-    import os  # noqa: PLC0415
-
     folder = _test_run_folder(tmp_path_factory) / f"jax-compilation-cache-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
     previous = _cache_settings({"jax_compilation_cache_dir": str(folder), "jax_persistent_cache_min_compile_time_secs": 0.0,
                                 "jax_persistent_cache_min_entry_size_bytes": 0, "jax_compilation_cache_max_size": -1})
