@@ -69,6 +69,7 @@ from numpyro.distributions import constraints
 
 from gpzoo.models.errors import ImageRangeWarning, InvalidArgumentError, ShapeError, as_float_array, is_concrete, unit_range_problem
 from gpzoo.models.kernels.base import Fixed, Kernel, Sum, hyper, kernel_class, static
+from gpzoo.models.kernels.conv2d import conv2d
 from gpzoo.models.kernels.stationary import SquaredExponential, Stationary
 
 __all__ = [
@@ -141,16 +142,15 @@ def extract_patches(images, patch_shape):
 class ConvolutionProducts:
     """x^[p]·z for every patch p and filter z as one convolution (van der Wilk et al. 2017, App. A.2, fig. A.1).
 
-    The filters are the (scaled) inducing patches; ``lax.conv_general_dilated`` with stride 1
-    and VALID padding is the cross-correlation Σ_e x^[p]_e z_e.
+    The filters are the (scaled) inducing patches; a stride-1 convolution with VALID padding
+    (:func:`~gpzoo.models.kernels.conv2d.conv2d`, whose filter gradient XLA:CPU runs as a library
+    convolution inside ``gpzoo.fit``'s compiled scan too) is the cross-correlation Σ_e x^[p]_e z_e.
     """
 
     def __call__(self, images, filters):
         """images ``[B, H, W, C]``, filters ``[F, h, w, C]`` -> ``[B, P, F]``."""
         kernel_hwio = jnp.moveaxis(filters, 0, -1)  # [h, w, C, F]
-        out = jax.lax.conv_general_dilated(
-            images, kernel_hwio, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=_HIGHEST
-        )  # [B, H', W', F]
+        out = conv2d(images, kernel_hwio, 1, ((0, 0), (0, 0)), _HIGHEST)  # [B, H', W', F]
         return out.reshape(out.shape[0], -1, out.shape[-1])  # [B, P, F]
 
 

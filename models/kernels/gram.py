@@ -43,8 +43,9 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.scipy.linalg import solve_triangular
+
+from gpzoo.models.kernels.conv2d import conv2d
 
 __all__ = [
     "GramBlocks",
@@ -282,9 +283,7 @@ def conv_mix(K: GramBlocks, weights, stride: int = 1, padding: str = "same") -> 
     D = kh * kw
     pads = _pads(padding, (kh, kw))
     ii = jnp.einsum("hwab,ac,hwcd->bd", weights, K.ii, weights) / D  # [P_out, P_out]
-    ti = lax.conv_general_dilated(
-        K.ti, weights, window_strides=(stride, stride), padding=pads, dimension_numbers=("NHWC", "HWIO", "NHWC")
-    ) / D  # [B, H', W', P_out]
+    ti = conv2d(K.ti, weights, stride, pads) / D  # [B, H', W', P_out]
     t = _window_sum(K.t, (kh, kw), stride, pads) / D  # [B, H', W']
     return GramBlocks(0.5 * (ii + ii.T), ti, t)
 
