@@ -84,3 +84,17 @@ def test_robustness_sweep_tiny(tmp_path, float32):
     assert counts["runs"] == 1 and report["totals"]["runs"] == 1 and report["protocol"]["seeds"] == 1
     assert counts["cholesky_failures"] == counts["diverged"] == counts["non_finite"] == counts["errors"] == 0
     assert report["goal_met"]
+
+
+@pytest.mark.benchmark
+def test_scan_convolutions_quick(tmp_path):
+    """The scan benchmark's conv2d gradients compile without loop-emitted convolutions; autodiff's do not."""
+    bench = _load("scan_convolutions")
+    out = tmp_path / "scan_convolutions.json"
+    bench.main(["--quick", "--out", str(out)])
+    report = json.loads(out.read_text())
+    for row in report["gradient_step"].values():
+        assert row["conv2d"]["loop_emitted_convolutions_in_scan"] == 0
+        assert row["autodiff"]["loop_emitted_convolutions_in_scan"] > 0
+        assert row["autodiff_over_conv2d_in_scan"] > 1.0
+    assert report["fit"]["conv2d"]["step_s"] > 0 and report["fit"]["autodiff_over_conv2d"] > 1.0
