@@ -207,7 +207,7 @@ def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, che
     """Run ``program`` from ``state`` to ``steps`` steps; returns ``(state, objective history, rate history)``.
 
     Steps run in jit-compiled ``lax.scan`` chunks of one length (``chunk_size``; padded steps
-    leave the state as is), cut at the checkpoint cadence so that a checkpoint is written every
+    run no update: a ``lax.cond`` skips them), cut at the checkpoint cadence so that a checkpoint is written every
     ``checkpoint_every`` steps (default: every 10 % of the run) and at the end. ``resume=True``
     continues from the checkpoint in ``checkpoint_dir`` (when there is one); since the step
     inputs and rates are pure functions of the step, the resumed run reproduces the
@@ -241,10 +241,17 @@ def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, che
             program.after_chunk(start, state)
 
     def run_chunk(state, inputs, active, constants):  # inputs: [K, ...] per step, active [K]: padded steps are no-ops
+        objective_dtype = jnp.zeros(()).dtype  # the default float: float64 under x64, else float32
+
         def body(state, step):
             step_inputs, on = step
-            new_state, objective = program.update(state, step_inputs, constants)
-            new_state = jax.tree_util.tree_map(lambda a, b: jnp.where(on, a, b), new_state, state)
+
+            def update(state):
+                new_state, objective = program.update(state, step_inputs, constants)
+                return new_state, jnp.asarray(objective, objective_dtype)
+
+            # a padded step (the last chunk before a checkpoint or the end) runs no update at all
+            new_state, objective = jax.lax.cond(on, update, lambda state: (state, jnp.zeros((), objective_dtype)), state)
             return new_state, (objective, _finite(new_state), jitter_of(new_state))
 
         return jax.lax.scan(body, state, (inputs, active))

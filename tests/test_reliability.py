@@ -2,6 +2,7 @@
 before any tracing (active_dims and ARD widths, run settings, resume against other data or settings,
 ELBO sample counts, pixel ranges, jitter increases inside a compiled chunk)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -204,3 +205,21 @@ def test_jitter_increase_inside_a_chunk_is_recorded_with_its_step(precision):
                progress=False, diagnostics=diagnostics)
     assert diagnostics["jitter_events"] == [{"step": 3, "jitter": pytest.approx(1e-4)}]
     assert diagnostics["max_jitter"] == pytest.approx(1e-4) and diagnostics["last_jitter"] == pytest.approx(base)
+
+
+def test_padded_steps_of_a_chunk_run_no_update(precision):
+    """3 steps in a compiled chunk of 10: the update runs 3 times (a host callback counts them), and
+    the state and history are those of 3 updates."""
+    calls = []
+
+    def update(state, inputs, constants):
+        jax.debug.callback(lambda: calls.append(1), ordered=True)
+        return state + 1.0, -state
+
+    program = ChunkProgram(label="toy", objective="ELBO", update=update, step_inputs=lambda step: np.zeros(()),
+                           rate_at=lambda step: 0.1, params_of=lambda state: {"s": state}, config={"model": "toy"})
+    state, objective, rates = run_chunks(program, jnp.zeros(()), steps=3, chunk_size=10, checkpoint_dir=None,
+                                         checkpoint_every=None, resume=False, progress=False, diagnostics={})
+    jax.effects_barrier()
+    assert len(calls) == 3
+    assert float(state) == 3.0 and list(objective) == [0.0, -1.0, -2.0] and len(rates) == 3
