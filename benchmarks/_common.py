@@ -9,6 +9,7 @@ leaves half a file behind.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -113,3 +114,19 @@ def run_and_merge(names, out: Path, run: Callable[[str], dict], combine: Callabl
         previous = json.loads(out.read_text()).get("experiments", {}).get(name) if out.exists() else None
         report = merge_results(out, name, combine(name, previous, payload))
     return report
+
+
+def mean_pooled(data, pool: int):
+    """``data`` (a gpzoo Dataset of grey images) with its images mean-pooled ``pool`` × ``pool``; the
+    side must divide by ``pool``. Returns the data set unchanged for ``pool == 1``."""
+    if pool == 1:
+        return data
+    height, width = data.image_shape[:2]
+    if height % pool or width % pool:
+        raise SystemExit(f"pooling by {pool} does not divide the {height}x{width} images of {data.name}")
+
+    def pooled(X):  # [N, H*W] -> [N, (H/p)*(W/p)]
+        return X.reshape(-1, height // pool, pool, width // pool, pool).mean(axis=(2, 4)).reshape(X.shape[0], -1)
+
+    return dataclasses.replace(data, X_train=pooled(data.X_train), X_test=pooled(data.X_test),
+                               image_shape=(height // pool, width // pool))

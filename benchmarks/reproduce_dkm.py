@@ -34,7 +34,6 @@ SKR configurations (the default: ceil(P/4) per layer, the paper's rule).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -44,7 +43,7 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", False)
 
-from _common import machine_info, now, write_json  # noqa: E402
+from _common import machine_info, mean_pooled, now, write_json  # noqa: E402
 
 from gpzoo.analysis import datasets  # noqa: E402
 from gpzoo.inference import fit, predict  # noqa: E402
@@ -87,22 +86,6 @@ def run(name: str, data, seed: int, args) -> dict:
             "train_accuracy": train_acc, "test_accuracy": test_acc, "train_nll": train_nll, "test_nll": test_nll,
             "gap": train_acc - test_acc, "final_elbo": res.final_objective,
             "gram_condition_end": res.diagnostics["gram_condition"]["end"]}
-
-
-def load_data(name: str, pool: int = 1):
-    """The data set, its images mean-pooled ``pool`` × ``pool`` (the side must divide by ``pool``)."""
-    data = datasets.load(name)
-    if pool == 1:
-        return data
-    height, width = data.image_shape[:2]
-    if height % pool or width % pool:
-        raise SystemExit(f"--pool {pool} does not divide the {height}x{width} images of {name}")
-
-    def pooled(X):  # [N, H*W] -> [N, (H/p)*(W/p)]
-        return X.reshape(-1, height // pool, pool, width // pool, pool).mean(axis=(2, 4)).reshape(X.shape[0], -1)
-
-    return dataclasses.replace(data, X_train=pooled(data.X_train), X_test=pooled(data.X_test),
-                               image_shape=(height // pool, width // pool))
 
 
 def pooled_note(data, pool: int) -> str:
@@ -175,7 +158,7 @@ def main(argv=None) -> dict:
         return combine(args.combine, args.out)
     if args.quick:
         args.seeds, args.steps = args.seeds[:1], min(args.steps, 5)
-    data = load_data(args.data, args.pool)
+    data = mean_pooled(datasets.load(args.data), args.pool)
     started = time.perf_counter()
     runs = [run(name, data, seed, args) for name in args.configs for seed in args.seeds]
     report = {

@@ -33,7 +33,7 @@ from jax import lax
 
 jax.config.update("jax_enable_x64", False)
 
-from _common import machine_info, now, write_json  # noqa: E402
+from _common import machine_info, mean_pooled, now, write_json  # noqa: E402
 
 from gpzoo.analysis import datasets  # noqa: E402
 from gpzoo.inference import fit  # noqa: E402
@@ -103,8 +103,8 @@ def fit_seconds_per_step(spec, X, y, short: int, long: int, chunk: int) -> dict:
 
 
 def measure_fit(args) -> dict:
-    data = datasets.load("mnist-10")
-    X = data.X_train.reshape(-1, 14, 2, 14, 2).mean(axis=(2, 4)).reshape(len(data.X_train), -1)  # [N, 196]
+    data = mean_pooled(datasets.load("mnist-10"), 2)
+    X = data.X_train  # [N, 196]: 14x14
     spec = zoo.get("conv-dkm", input_dim=196, image_shape=(14, 14), task="multiclass", num_classes=10, num_inducing=64,
                    depth=2, likelihood=Softmax(num_classes=10, num_mc_samples=16))
     steps = (4, 12) if args.quick else (10, 110)
