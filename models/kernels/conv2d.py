@@ -45,7 +45,8 @@ def conv2d(x, w, stride: int = 1, pads=((0, 0), (0, 0)), precision=None):
     ``stride`` (both spatial axes) and ``pads`` ``((lo_h, hi_h), (lo_w, hi_w))`` of zeros, as
     ``lax.conv_general_dilated(x, w, (stride, stride), pads, dimension_numbers=("NHWC", "HWIO",
     "NHWC"))``; returns ``[N, H', W', O]`` with H' = (H + lo_h + hi_h − kh) // stride + 1. The
-    gradients are convolutions in the canonical form (module docstring).
+    gradients are convolutions in the canonical form (module docstring). Reverse mode only: a
+    custom VJP has no forward-mode rule (``jax.jvp`` / ``jax.jacfwd`` through it raise).
     """
     return _forward(x, w, stride, pads, precision)
 
