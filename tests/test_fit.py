@@ -1,6 +1,7 @@
 """The training loop: checkpoints and resume, the NaN guard, jitter retries, input errors."""
 
 import json
+import re
 import signal
 import sys
 
@@ -249,3 +250,28 @@ def test_checkpoint_files_from_different_steps_are_refused(tmp_path):
     (tmp_path / "8" / "state.npz").write_bytes((tmp_path / "4" / "state.npz").read_bytes())
     with pytest.raises(CheckpointError, match="inconsistent"):
         load_checkpoint(tmp_path / "8")
+
+
+@pytest.mark.parametrize("dtype, rtol", [(jnp.float32, 2e-4), (jnp.float64, 1e-10)])
+def test_cholesky_with_jitter_factorises_once_and_differentiates_as_cholesky(dtype, rtol):
+    """The jitter search's factor is the result: one factorisation in the compiled gradient program,
+    and value, gradient and a Hessian-vector product equal those of jnp.linalg.cholesky(K + jitter I)."""
+    rng = np.random.default_rng(0)
+    A = rng.normal(size=(2, 6, 6))
+    K = jnp.asarray(A @ np.swapaxes(A, -1, -2) / 6 + 0.5 * np.eye(6), dtype)  # [2, 6, 6], a batch of two
+    W = jnp.asarray(rng.normal(size=(2, 6, 6)), dtype)
+    V = jnp.asarray(rng.normal(size=(2, 6, 6)), dtype)
+
+    def loss(factor):
+        return lambda K: jnp.sum(W * factor(K)) + jnp.sum(jnp.log(jnp.diagonal(factor(K), axis1=-2, axis2=-1)))
+
+    ours = loss(lambda K: cholesky_with_jitter(K, 1e-3)[0])
+    plain = loss(lambda K: jnp.linalg.cholesky(K + 1e-3 * jnp.eye(6, dtype=dtype)))
+    np.testing.assert_allclose(ours(K), plain(K), rtol=rtol)
+    np.testing.assert_allclose(jax.grad(ours)(K), jax.grad(plain)(K), rtol=rtol, atol=rtol)
+    hvp = [jax.jvp(jax.grad(f), (K,), (V,))[1] for f in (ours, plain)]
+    np.testing.assert_allclose(hvp[0], hvp[1], rtol=10 * rtol, atol=10 * rtol)
+    # the factorisations in the compiled gradient: the search's first one and its retry body's (run only
+    # when the first fails), no third at the jitter found
+    hlo = jax.jit(jax.grad(ours)).lower(K).compile().as_text()
+    assert len(re.findall(r'custom_call_target="[^"]*potrf', hlo)) == 2
