@@ -420,10 +420,11 @@ class Softmax(_Categorical):
         """S reparameterised draws f^(s) = μ + σ ⊙ ε^(s), class-major: mean/var [N, C] -> [C, S, N].
 
         Class-major because every use reduces over the classes (the log-sum-exp, the label's entry):
-        across C contiguous [S, N] slabs that is elementwise work, where along a minor axis of
-        length C it is a short reduction per draw. Measured on a 2-core CPU, value and gradient of
-        the expected log-likelihood including the draws: 30.0 → 17.8–20.9 ms at S = 1,000, N = 64,
-        C = 10 (float32), 1.84 → 1.56 ms at S = 100, N = 256, C = 2 (float64).
+        across C contiguous [S, N] slabs that is elementwise work, where along a minor axis of length
+        C it is a short reduction per draw. Value and gradient of the expected log-likelihood, draws
+        included, on a loaded 2-core CPU: 30.0 → 17.8–20.9 ms at S = 1,000, N = 64, C = 10 (float32),
+        1.84 → 1.56 ms at S = 100, N = 256, C = 2 (float64); in the whole DKM training steps of
+        ``benchmarks/dkm_step.py`` the gain is a few per cent.
 
         ε is drawn in float32 whatever the model's precision, then converted: the same key gives
         the same draws in float32 and float64, and a float64 model draws its noise at the float32
