@@ -57,6 +57,8 @@ TITLES = {
     "deep_conv_step_h100": "2-layer deep TICK GP step on a GPU (`benchmarks/deep_conv_step.py`)",
     "data_parallel_step_h100": "Conv model step on a GPU (`benchmarks/data_parallel_step.py`)",
     "data_parallel_step_8cores": "Conv model step on 1 against 2 devices, 8 CPU cores (`benchmarks/data_parallel_step.py`)",
+    "reproduce_dkm_mnist_2400": "The same for twice as many steps, one seed (`benchmarks/reproduce_dkm.py --data mnist-10 --pool 2 --width 64 --steps 2400 --configs full no_skr --seeds 0`)",
+    "reproduce_dkm_mnist_2400_gamma128": "The same for twice as many steps, one seed, SKR at γ = 128 (`benchmarks/reproduce_dkm.py --data mnist-10 --pool 2 --width 64 --steps 2400 --configs full --skr-gamma 128 --seeds 0`)",
     "reproduce_dkm_wide": "Milsom et al. 2024, Table 3 ablations at 4× the width (`benchmarks/reproduce_dkm.py --width 64`)",
     "reproduce_dkm_wide_long": "Milsom et al. 2024, Table 3 ablations at 4× the width, 1,200 steps (`benchmarks/reproduce_dkm.py --width 64 --steps 1200`)",
     "deep_conv_step_2cores": "2-layer deep TICK GP step, quiet 2-core run (`benchmarks/deep_conv_step.py`)",
@@ -70,7 +72,8 @@ TITLES = {
 ALIASES = {"deep_conv_step_h100": "deep_conv_step", "data_parallel_step_h100": "data_parallel_step",
            "data_parallel_step_8cores": "data_parallel_step", "reproduce_dkm_wide": "reproduce_dkm",
            "reproduce_dkm_wide_long": "reproduce_dkm", "reproduce_dkm_mnist": "reproduce_dkm",
-           "reproduce_dkm_mnist_constant_lr": "reproduce_dkm", "reproduce_dkm_mnist_gamma128": "reproduce_dkm", "deep_conv_step_2cores": "deep_conv_step",
+           "reproduce_dkm_mnist_constant_lr": "reproduce_dkm", "reproduce_dkm_mnist_gamma128": "reproduce_dkm",
+           "reproduce_dkm_mnist_2400": "reproduce_dkm", "reproduce_dkm_mnist_2400_gamma128": "reproduce_dkm", "deep_conv_step_2cores": "deep_conv_step",
            "conv_kernels_mnist10_2cores": "conv_kernels", "conv_kernels_mnist10_tick": "conv_kernels", "ray_speedup_2cores_quiet": "ray_speedup",
            "ray_speedup_8cores": "ray_speedup", "ray_speedup_8cores_1500": "ray_speedup",
            "ray_speedup_2cores_1500": "ray_speedup"}
