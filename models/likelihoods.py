@@ -437,19 +437,13 @@ class Softmax(_Categorical):
         eps = draws.normal(key, (mean.shape[-1], self.num_mc_samples, *mean.shape[:-1]), jnp.float32).astype(dtype)
         return mean_c + sd_c * eps  # [C, S, N]
 
-    @staticmethod
-    def _log_normaliser(f):
-        """log Σ_c exp f_c over the leading (class) axis: [C, S, N] -> [S, N]."""
-        top = jax.lax.stop_gradient(jnp.max(f, axis=0))  # [S, N]; cancels in value and gradient
-        return top + jnp.log(jnp.sum(jnp.exp(f - top), axis=0))
-
     def _label_log_probs(self, y, mean, var, key):
         """log softmax(f^(s))_y for the S draws: [S, N]."""
         f = self._latent_draws(mean, var, key)  # [C, S, N]
         labels = jnp.asarray(y).astype(jnp.int32)  # [N]
         # a one-hot mask instead of a gather: same values, and its gradient is a product, not a scatter-add
         one_hot = labels == jnp.arange(self.num_classes)[:, None, None]  # [C, 1, N]
-        return jnp.sum(jnp.where(one_hot, f, 0.0), axis=0) - self._log_normaliser(f)
+        return jnp.sum(jnp.where(one_hot, f, 0.0), axis=0) - logsumexp(f, axis=0)
 
     @staticmethod
     def _prediction_key(key):
@@ -472,7 +466,7 @@ class Softmax(_Categorical):
     @jax.jit
     def predict_probs(self, mean, var, key=None):
         f = self._latent_draws(mean, var, self._prediction_key(key))  # [C, S, N]
-        probs = jnp.mean(jnp.exp(f - self._log_normaliser(f)), axis=1)  # [C, N]
+        probs = jnp.mean(jnp.exp(f - logsumexp(f, axis=0)), axis=1)  # [C, N]
         return jnp.moveaxis(probs, 0, -1)  # [N, C]
 
     @jax.jit
