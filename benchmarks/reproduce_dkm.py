@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -144,6 +145,7 @@ def combine(paths, out: Path) -> dict:
     if len(set(pairs)) != len(pairs):
         raise SystemExit("--combine: a (configuration, seed) run appears twice")
     report = dict(reports[0], date=max(r["date"] for r in reports), runs=runs, summary=summarise(runs),
+                  complete=all(r.get("complete", True) for r in reports),
                   total_seconds=sum(r["total_seconds"] for r in reports),
                   settings=dict(reports[0]["settings"], seeds=sorted({run["seed"] for run in runs}),
                                 configs=[c for c in CONFIGS if any(run["config"] == c for run in runs)],
@@ -181,8 +183,20 @@ def main(argv=None) -> dict:
         args.seeds, args.steps = args.seeds[:1], min(args.steps, 5)
     data = mean_pooled(datasets.load(args.data), args.pool)
     started = time.perf_counter()
-    runs = [run(name, data, seed, args) for name in args.configs for seed in args.seeds]
-    report = {
+    plan = [(name, seed) for name in args.configs for seed in args.seeds]
+    runs: list[dict] = []
+    for name, seed in plan:  # each finished run is on disk at once: an interrupted sweep keeps what it ran
+        runs.append(run(name, data, seed, args))
+        report = _report(args, data, runs, started, complete=len(runs) == len(plan))
+        write_json(args.out, report)
+        r = runs[-1]
+        outcome = "failed" if r["failed"] else f"test accuracy {r['test_accuracy']:.3f}"
+        print(f"[{len(runs)}/{len(plan)}] {name} seed {seed}: {outcome} ({r['seconds']:.0f} s)", file=sys.stderr, flush=True)
+    return report
+
+
+def _report(args, data, runs: list[dict], started: float, complete: bool) -> dict:
+    return {
         "benchmark": "reproduce_dkm", "paper": "Milsom, Anson, Aitchison 2024, Table 3 (ablations), CPU-sized",
         "date": now(), "machine": machine_info(), "total_seconds": time.perf_counter() - started,
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "combine")} | {
@@ -193,10 +207,8 @@ def main(argv=None) -> dict:
         "chosen_here": "CPU-sized stand-in for the paper's CIFAR-10 ResNet-20 DKM: data, depth, widths, steps "
                        "and MC samples are ours (see the module docstring)"
                        + ("" if args.optimizer == "paper" else "; so is the optimizer (constant learning rate)"),
-        "runs": runs, "summary": summarise(runs),
+        "complete": complete, "runs": runs, "summary": summarise(runs),
     }
-    write_json(args.out, report)
-    return report
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ TITLES = {
     "data_parallel_step_h100": "Conv model step on a GPU (`benchmarks/data_parallel_step.py`)",
     "data_parallel_step_8cores": "Conv model step on 1 against 2 devices, 8 CPU cores (`benchmarks/data_parallel_step.py`)",
     "reproduce_dkm_mnist_2400": "The same for twice as many steps, one seed (`benchmarks/reproduce_dkm.py --data mnist-10 --pool 2 --width 64 --steps 2400 --configs full no_skr --seeds 0`)",
-    "reproduce_dkm_mnist_2400_gamma128": "The same for twice as many steps, one seed, SKR at γ = 128 (`benchmarks/reproduce_dkm.py --data mnist-10 --pool 2 --width 64 --steps 2400 --configs full --skr-gamma 128 --seeds 0`)",
+    "reproduce_dkm_mnist_2400_gamma128": "The same for twice as many steps, three seeds, SKR at γ = 128 (`benchmarks/reproduce_dkm.py --data mnist-10 --pool 2 --width 64 --steps 2400 --skr-gamma 128`)",
     "reproduce_dkm_wide": "Milsom et al. 2024, Table 3 ablations at 4× the width (`benchmarks/reproduce_dkm.py --width 64`)",
     "reproduce_dkm_wide_long": "Milsom et al. 2024, Table 3 ablations at 4× the width, 1,200 steps (`benchmarks/reproduce_dkm.py --width 64 --steps 1200`)",
     "deep_conv_step_2cores": "2-layer deep TICK GP step, quiet 2-core run (`benchmarks/deep_conv_step.py`)",
@@ -374,11 +374,14 @@ def _reproduce_dkm(report: dict) -> list[str]:
                 f"{num(value['mean'])} ± {num(value['sem'])}"
         rows.append([name, f"{stats['failures']}/{stats['runs']}", cell("train_accuracy"), cell("test_accuracy"), cell("gap"),
                      cell("test_nll")])
+    partial = "" if report.get("complete", True) else (  # a sweep interrupted between runs
+        f" **Partial: {len(report['runs'])} of {len(settings['seeds']) * len(settings['configs'])} planned runs** "
+        "(the sweep stopped early).")
     return ["", f"{settings['data']}, depth {settings['depth']}, widths {settings['width']}/{2 * settings['width']}, "
                 f"{settings['steps']} steps, batch {settings['batch_size']}, ν = {num(settings['nu'])}, "
                 f"SKR γ = {settings.get('skr_gamma') or 'ceil(P/4)'}, optimizer: "
                 f"{settings.get('optimizer', 'Adam (0.9, 0.999), constant learning rate')}, float32, seeds "
-                f"{settings['seeds']} (mean ± s.e.). Goals: SKR test accuracy ≥ no-SKR "
+                f"{settings['seeds']} (mean ± s.e.).{partial} Goals: SKR test accuracy ≥ no-SKR "
                 f"{yes_no(summary.get('goal_skr_test_accuracy_at_least_no_skr'))}; SKR gap smaller "
                 f"{yes_no(summary.get('goal_skr_gap_smaller'))}. {provenance(report)}", ""] + \
         table(["config", "failures", "train accuracy", "test accuracy", "train − test", "test NLL"], rows)

@@ -50,3 +50,28 @@ def test_step_benchmark_is_like_for_like(tmp_path):
         assert "skipped" in cfg["reference"]  # no torch interpreter given
     assert report["configs"]["conv"]["gpzoo"]["float32_clean"]  # no float64 array op in the float32 step
     assert report["configs"]["sine"]["step"]["dtype"] == "float64"
+
+
+def test_an_interrupted_ablation_keeps_its_finished_runs(tmp_path, monkeypatch):
+    """Each finished (configuration, seed) run is written at once: a sweep stopped after its first run
+    leaves that run on disk, marked incomplete, and the summary renders it as partial."""
+    module = _load("reproduce_dkm")
+    calls = []
+
+    def fake_run(name, data, seed, args):
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(name)
+        return {"config": name, "seed": seed, "failed": False, "seconds": 1.0, "train_accuracy": 0.9,
+                "test_accuracy": 0.8, "train_nll": 0.3, "test_nll": 0.5, "gap": 0.1, "final_elbo": -1.0,
+                "gram_condition_end": {}}
+
+    monkeypatch.setattr(module, "run", fake_run)
+    out = tmp_path / "reproduce_dkm.json"
+    with pytest.raises(KeyboardInterrupt):
+        module.main(["--configs", "full", "no_skr", "--seeds", "0", "1", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["complete"] is False and [(r["config"], r["seed"]) for r in report["runs"]] == [("full", 0)]
+    assert report["summary"]["full"]["runs"] == 1 and report["summary"]["no_skr"]["runs"] == 0
+    lines = _load("summarise").FORMATTERS["reproduce_dkm"](report)
+    assert any("Partial: 1 of 4 planned runs" in line for line in lines)
