@@ -28,6 +28,11 @@ SKR configurations (the default: ceil(P/4) per layer, the paper's rule).
 ``--data mnist-10`` runs the same ablation on the MNIST 10-class split (4,000 train / 1,000 test);
 ``--pool 2`` mean-pools its 28×28 images to 14×14 first (CPU-sized).
 
+The report is rewritten after every finished (configuration, seed) run, with ``"complete": false``
+until the last, and each run prints one line to stderr: a sweep stopped part-way keeps the runs it
+finished (the README marks such a report as partial). ``--combine`` merges the reports of sweeps run
+in separate processes.
+
     /work/venv/bin/python benchmarks/reproduce_dkm.py [--steps 300] [--depth 2] [--seeds 0 1 2] [--data digits-8x8]
         [--pool 1] [--quick]
 """
