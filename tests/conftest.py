@@ -7,6 +7,16 @@ import pytest
 jax.config.update("jax_enable_x64", True)
 
 
+@pytest.fixture(autouse=True)
+def _x64_as_it_was():
+    """Every test leaves ``jax_enable_x64`` as it found it: a test that flips the flag, or imports a
+    benchmark script that does, would otherwise change the precision of whatever runs next on its worker."""
+    previous = jax.config.jax_enable_x64
+    yield
+    if jax.config.jax_enable_x64 != previous:
+        jax.config.update("jax_enable_x64", previous)
+
+
 @pytest.fixture(params=["float32", "float64"])
 def precision(request):
     """Run the test body with ``jax_enable_x64`` off (float32, the library default) or on; restored after."""
