@@ -19,22 +19,16 @@ def _x64_as_it_was():
 
 @pytest.fixture(params=["float32", "float64"])
 def precision(request):
-    """Run the test body with ``jax_enable_x64`` off (float32, the library default) or on; restored after."""
-    previous = jax.config.jax_enable_x64
+    """Run the test body with ``jax_enable_x64`` off (float32, the library default) or on (restored after
+    by ``_x64_as_it_was``, an autouse fixture, so set up before this one and torn down after it)."""
     jax.config.update("jax_enable_x64", request.param == "float64")
-    yield request.param
-    jax.config.update("jax_enable_x64", previous)
+    return request.param
 
 
 @pytest.fixture
 def float32():
-    """Run a test with ``jax_enable_x64`` off (the library's default precision), then restore it."""
-    previous = jax.config.jax_enable_x64
+    """Run a test with ``jax_enable_x64`` off (the library's default precision); ``_x64_as_it_was`` restores it."""
     jax.config.update("jax_enable_x64", False)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_x64", previous)
 
 
 def _test_run_folder(tmp_path_factory):

@@ -55,7 +55,7 @@ def test_step_benchmark_is_like_for_like(tmp_path):
 def test_an_interrupted_ablation_keeps_its_finished_runs(tmp_path, monkeypatch, float32):
     """Each finished (configuration, seed) run is written at once: a sweep stopped after its first run
     leaves that run on disk, marked incomplete, and the summary renders it as partial. (The script turns
-    x64 off when it loads, as its runs are float32; the ``float32`` fixture restores the flag after.)"""
+    x64 off when it loads, as its runs are float32; conftest's autouse fixture restores the flag after.)"""
     module = _load("reproduce_dkm")
     calls = []
 
