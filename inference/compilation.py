@@ -41,6 +41,7 @@ import time
 
 import jax
 
+from gpzoo.inference.programs import FamilyProgram
 from gpzoo.models.kernels.convolutional import few_calls
 
 __all__ = ["QUICK_COMPILE_OPTIONS", "QUICK_MAX_CALLS", "AdaptiveJit", "AheadOfTime", "adaptive_jit", "idle_compile_workers", "idle_cores"]
@@ -54,14 +55,14 @@ QUICK_MAX_CALLS = 8
 
 
 class AdaptiveJit:
-    """``fun`` jitted with XLA's default optimisation (:attr:`optimised`, also what a plain call
+    """``fun(family, *args)`` compiled once per family structure (:func:`gpzoo.inference.programs.family_jit`) with XLA's default optimisation (:attr:`optimised`, also what a plain call
     runs) and without backend optimisation (:attr:`quick`); :meth:`for_calls` chooses. The quick
     build is traced under :func:`gpzoo.models.kernels.convolutional.few_calls` (kernels choose
     the paths whose programs compile fastest)."""
 
     def __init__(self, fun, **jit_kwargs):
-        self.optimised = jax.jit(fun, **jit_kwargs)
-        self.quick = jax.jit(_traced_for_few_calls(fun), compiler_options=QUICK_COMPILE_OPTIONS, **jit_kwargs)
+        self.optimised = FamilyProgram(fun, **jit_kwargs)
+        self.quick = FamilyProgram(_traced_for_few_calls(fun), compiler_options=QUICK_COMPILE_OPTIONS, **jit_kwargs)
         functools.update_wrapper(self, fun)
 
     def __call__(self, *args, **kwargs):
@@ -84,7 +85,7 @@ def _traced_for_few_calls(fun):
 
 
 def adaptive_jit(fun=None, **jit_kwargs):
-    """Decorator: ``@adaptive_jit(static_argnums=0)`` makes an :class:`AdaptiveJit`."""
+    """Decorator: ``@adaptive_jit(static_argnums=0)`` makes an :class:`AdaptiveJit` (argument 0 is the family)."""
     if fun is None:
         return functools.partial(adaptive_jit, **jit_kwargs)
     return AdaptiveJit(fun, **jit_kwargs)

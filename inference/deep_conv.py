@@ -56,7 +56,8 @@ from gpzoo.inference.elbo import EXPECTED_LOG_LIK, INDUCING_SITE_KEY, LATENT_SIT
 from gpzoo.inference.guides import InducingPosterior, InducingPrior
 from gpzoo.inference.inducing import InducingVariables, Kuu, check_inducing, initialise_inducing, register_initialiser
 from gpzoo.inference.linalg import cholesky_with_jitter
-from gpzoo.inference.svgp import F_SITE, INDUCING_SITE, KERNEL_SITE, LIKELIHOOD_SITE, MIN_CONDITIONAL_VARIANCE, SVGP, U_SITE, Y_SITE, Parts, has_prior
+from gpzoo.inference.svgp import (F_SITE, INDUCING_SITE, KERNEL_SITE, LIKELIHOOD_SITE, MIN_CONDITIONAL_VARIANCE, SVGP, U_SITE, Y_SITE,
+                                 Parts, data_plate, has_prior)
 from gpzoo.models import draws
 from gpzoo.models.errors import InvalidArgumentError
 from gpzoo.models.kernels.convolutional import image_dims
@@ -354,7 +355,7 @@ class DeepConvSVGP(SVGP):
 
             latent = tuple(hidden_sample_site(i) for i in range(1, self.num_hidden + 1)) + (F_SITE,)
             infer = {EXPECTED_LOG_LIK: expected_log_lik, INDUCING_SITE_KEY: U_SITE, LATENT_SITE_KEY: latent}
-        with numpyro.plate("data", num_data or batch, subsample_size=batch):
+        with data_plate(num_data, batch):
             h = self._hidden_sites(parts, X, v_hidden)  # [B, D_L−1]
             f = numpyro.sample(F_SITE, self._latent(parts, h, u))  # [B, K]
             numpyro.sample(Y_SITE, parts.likelihood.distribution(f), obs=self._observed(y), infer=infer)
@@ -369,6 +370,6 @@ class DeepConvSVGP(SVGP):
         q_mu, q_sqrt = self.variational_params()
         u = numpyro.sample(U_SITE, InducingPosterior(q_mu, q_sqrt, self.spec.q_structure))  # [K, M]
         batch = X.shape[0]
-        with numpyro.plate("data", num_data or batch, subsample_size=batch):
+        with data_plate(num_data, batch):
             h = self._hidden_sites(parts, X, v_hidden)
             numpyro.sample(F_SITE, self._latent(parts, h, u))

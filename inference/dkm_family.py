@@ -65,7 +65,7 @@ from gpzoo.inference.inducing import register_initialiser
 from gpzoo.inference.linalg import float_dtype
 from gpzoo.inference.results import FitResult
 from gpzoo.inference.runner import FitSettings
-from gpzoo.inference.svgp import F_SITE, LIKELIHOOD_SITE, MIN_CONDITIONAL_VARIANCE, SVGP, U_SITE, Y_SITE
+from gpzoo.inference.svgp import F_SITE, LIKELIHOOD_SITE, MIN_CONDITIONAL_VARIANCE, SVGP, U_SITE, Y_SITE, data_plate
 from gpzoo.inference.svi import fit_svi
 from gpzoo.models.dkm import DKMConfig
 from gpzoo.models.errors import InvalidArgumentError, NumericalError, TrainingError
@@ -265,7 +265,7 @@ class DeepKernelMachine(SVGP):
                 return likelihood.variational_expectation(y, mean, var, key=key)
 
             infer = {EXPECTED_LOG_LIK: expected_log_lik, INDUCING_SITE_KEY: U_SITE, LATENT_SITE_KEY: F_SITE}
-        with numpyro.plate("data", num_data or batch, subsample_size=batch):
+        with data_plate(num_data, batch):
             f = numpyro.sample(F_SITE, self._conditional_distribution(K, L, ok, u))  # [B, L]
             numpyro.sample(Y_SITE, likelihood.distribution(f), obs=self._observed(y), infer=infer)
 
@@ -276,7 +276,7 @@ class DeepKernelMachine(SVGP):
         q_mu, q_sqrt = self.variational_params()
         u = numpyro.sample(U_SITE, InducingPosterior(q_mu, q_sqrt, "full"))  # [L, P]
         batch = X.shape[0]
-        with numpyro.plate("data", num_data or batch, subsample_size=batch):
+        with data_plate(num_data, batch):
             numpyro.sample(F_SITE, self._conditional_distribution(K, L, ok, u))  # [B, L]
 
     def _conditional_distribution(self, K, L, ok, u) -> dist.Distribution:

@@ -34,13 +34,14 @@ import optax
 import threadpoolctl
 
 from gpzoo.inference.compilation import adaptive_jit
-from gpzoo.inference.data import MemmapSource, check_new_inputs, check_new_source, row_slices, validate_data
+from gpzoo.inference.data import MemmapSource, check_new_inputs, check_new_source, validate_data
 from gpzoo.inference.deep_conv import DeepConvSVGP
 from gpzoo.inference.dkm_family import DeepKernelMachine, fit_dkm
 from gpzoo.inference.inducing import InducingVariables
 from gpzoo.inference.invariant import InvariantSVGP
 from gpzoo.inference.linalg import float_dtype
 from gpzoo.inference.pg_natgrad import fit_pg_natgrad
+from gpzoo.inference.programs import pad_rows, row_blocks
 from gpzoo.inference.results import ElboEstimate, FitResult, Prediction
 from gpzoo.inference.runner import FitSettings
 from gpzoo.inference.svgp import SVGP
@@ -195,8 +196,10 @@ def predict(res: FitResult, X_new, *, num_samples: int = 0, seed: int = 0, batch
     check_integer(num_hyper_samples, "num_hyper_samples", minimum=1)
     calls = predict_calls(res, num_rows, rows_of, seed=seed, batch_size=batch_size, num_hyper_samples=num_hyper_samples)
     pieces = [calls.program(*calls.args(i)) for i in range(len(calls.slices))]
+    counts = [sl.stop - sl.start for sl in calls.slices]  # blocks are padded: keep each one's own rows
     f_mean, f_var, y_mean, y_var, probs = (
-        None if pieces[0][j] is None else np.concatenate([np.asarray(p[j]) for p in pieces]) for j in range(5)
+        None if pieces[0][j] is None else np.concatenate([np.asarray(p[j])[:n] for p, n in zip(pieces, counts)])
+        for j in range(5)
     )
     f_samples = None
     if num_samples > 0:
@@ -209,7 +212,8 @@ def predict(res: FitResult, X_new, *, num_samples: int = 0, seed: int = 0, batch
 @dataclasses.dataclass(frozen=True)
 class PredictCalls:
     """The calls :func:`predict` makes of its compiled program: ``program(*args(i))`` for chunk ``i``
-    of ``slices``. Built by :func:`predict_calls`, for ``predict`` itself and for compiling the
+    of ``slices``, its rows padded to ``sizes[i]`` (:func:`~gpzoo.inference.programs.row_blocks`;
+    the caller keeps the first ``len(slices[i])`` rows of each result). Built by :func:`predict_calls`, for ``predict`` itself and for compiling the
     program ahead of its first call (``gpzoo.inference.compilation.AheadOfTime``)."""
 
     program: Callable
@@ -218,9 +222,10 @@ class PredictCalls:
     key: jax.Array
     slices: list
     rows_of: Callable  # slice -> rows of the inputs
+    sizes: list = dataclasses.field(default_factory=list)  # padded rows of each slice
 
     def args(self, i: int) -> tuple:
-        Xc = jnp.asarray(self.rows_of(self.slices[i]), float_dtype())
+        Xc = jnp.asarray(pad_rows(self.rows_of(self.slices[i]), self.sizes[i]), float_dtype())
         key = jax.random.fold_in(self.key, i)
         if self.hyper:
             return self.res.family, self.res.params, self.hyper, Xc, key
@@ -237,13 +242,13 @@ def predict_calls(res: FitResult, num_rows: int, rows_of: Callable, *, seed: int
         hyper = jax.eval_shape(lambda k: _hyper_draws(res, k, num_hyper_samples), key_h)
     else:
         hyper = _hyper_draws(res, key_h, num_hyper_samples)
-    slices = list(row_slices(num_rows, batch_size))
-    program = (_mixture_moments if hyper else _moments).for_calls(len(slices))
-    return PredictCalls(program, res, hyper, key_p, slices, rows_of)
+    blocks = list(row_blocks(num_rows, batch_size))
+    program = (_mixture_moments if hyper else _moments).optimised  # one build whatever the number of rows
+    return PredictCalls(program, res, hyper, key_p, [b[0] for b in blocks], rows_of, [b[1] for b in blocks])
 
 
-# Compiled once per family (a static argument, hashed by identity) and reused by every later call;
-# quick builds for a few chunks (gpzoo.inference.compilation).
+# Compiled once per family structure (gpzoo.inference.programs) and block size, and reused by every
+# later call, fit and loaded model of that structure.
 @adaptive_jit(static_argnums=0)
 def _moments(family, params, Xc, key):
     """q(f*) moments ``[n, L]``, y* moments and class probabilities at inputs ``Xc`` ``[n, D]``."""
@@ -261,15 +266,16 @@ def _mixture_moments(family, params, hyper, Xc, key):
             None if probs is None else probs.mean(0))
 
 
-@adaptive_jit(static_argnums=(0, 6))
-def _ell_and_kl(family, params, Xc, yc, key, rows, num_data):
-    """Σ_n E_q[log p(y_n | f_n)] over a chunk and KL[q(u) || p(u)]; ``num_data`` (static) set: per-datum
+@adaptive_jit(static_argnums=(0, 7))
+def _ell_and_kl(family, params, Xc, yc, key, rows, mask, num_data):
+    """Σ_n E_q[log p(y_n | f_n)] over the rows of a chunk where ``mask`` ``[n]`` is true (the rest pad
+    the chunk to its block size) and KL[q(u) || p(u)]; ``num_data`` (static) set: per-datum
     parameters are read at training rows ``rows`` ``[n]``."""
     with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=key):
         parts = family.parts()
         lik_key = key if parts.likelihood.stochastic_expectation else None
         inputs = family.data_term_inputs(Xc, yc) if num_data is None else family.data_term_inputs(Xc, yc, rows, num_data)
-        ell = jnp.sum(family.expected_log_lik(parts, Xc, yc, lik_key, **inputs))
+        ell = jnp.sum(jnp.where(mask, family.expected_log_lik(parts, Xc, yc, lik_key, **inputs), 0.0))
         kl = family.kl(parts)
     return ell, kl
 
@@ -331,6 +337,7 @@ class ElboCalls:
     keys: jax.Array  # [S] one key per draw
     slices: list
     with_indices: bool
+    sizes: list = dataclasses.field(default_factory=list)  # padded rows of each slice
 
     def hyper_draw(self, s: int) -> dict:
         """Draw ``s`` of the sampled hyperparameters."""
@@ -338,10 +345,11 @@ class ElboCalls:
                 for k, v in self.hyper.items()}
 
     def args(self, s: int, i: int) -> tuple:
-        sl = self.slices[i]
+        sl, size = self.slices[i], self.sizes[i]
         params = {**self.res.params, **self.hyper_draw(s)}
-        return (self.res.family, params, jnp.asarray(self.X[sl]), jnp.asarray(self.y[sl], float_dtype()),
-                jax.random.fold_in(self.keys[s], i), np.arange(sl.start, sl.stop),
+        return (self.res.family, params, jnp.asarray(pad_rows(self.X[sl], size)),
+                jnp.asarray(pad_rows(self.y[sl], size), float_dtype()), jax.random.fold_in(self.keys[s], i),
+                pad_rows(np.arange(sl.start, sl.stop), size), np.arange(size) < sl.stop - sl.start,
                 self.res.num_data if self.with_indices else None)
 
 
@@ -360,8 +368,9 @@ def elbo_calls(res: FitResult, X, y, *, training: bool, num_samples: int = 32, s
         hyper = jax.eval_shape(lambda k: _hyper_draws(res, k, S), jax.random.PRNGKey(seed + 1))
     else:
         hyper = _hyper_draws(res, jax.random.PRNGKey(seed + 1), S)
-    slices = list(row_slices(X.shape[0], batch_size))
-    return ElboCalls(_ell_and_kl.for_calls(S * len(slices)), res, X, y, S, stochastic, hyper, keys, slices, with_indices)
+    blocks = list(row_blocks(X.shape[0], batch_size))
+    return ElboCalls(_ell_and_kl.optimised, res, X, y, S, stochastic, hyper, keys, [b[0] for b in blocks], with_indices,
+                     [b[1] for b in blocks])
 
 
 def _hyper_log_ratio(res: FitResult, values: dict, X, y) -> float:

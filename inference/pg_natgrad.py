@@ -69,7 +69,7 @@ from numpyro.distributions import biject_to, constraints
 from gpzoo.inference.data import BatchSchedule, validate_data
 from gpzoo.inference.linalg import float_dtype
 from gpzoo.inference.results import FitResult
-from gpzoo.inference.runner import ChunkProgram, FitSettings
+from gpzoo.inference.runner import ChunkProgram, ClosureStep, FitSettings
 from gpzoo.inference.inducing import InducingPoints, Kuf, inducing_for
 from gpzoo.inference.polya_gamma import pg1_mean, optimal_c, pg_logistic_bound
 from gpzoo.inference.svgp import SVGP, has_prior
@@ -464,12 +464,13 @@ def fit_pg_natgrad(
                    "hyper_learning_rate": None if callable(learning_rate) else float(learning_rate)}
 
     program = ChunkProgram(
-        label=f"fit {spec.name} (PG natural gradient)", objective="Pólya–Gamma bound", update=update, constants=constants,
+        label=f"fit {spec.name} (PG natural gradient)", objective="Pólya–Gamma bound", constants=constants,
+        step=ClosureStep(update, lambda state: family.jitter_used(constrained(state))),
         step_inputs=lambda step: (batches(step), np.asarray(rho_at(step), dtype)), rate_at=lambda step: float(rho_at(step)),
         params_of=constrained,
         config={**config, "trained_hyperparameters": sorted(trainable)},
         hint="Try a smaller step_size or learning_rate, or a larger jitter.",
-        jitter_of=lambda state: family.jitter_used(constrained(state)), jitter=float(spec.jitter),
+        jitter=float(spec.jitter),
     )
     state, history, rhos_seen = settings.run(program, state, diagnostics)
     params = {n: np.asarray(v) for n, v in constrained(state).items()}

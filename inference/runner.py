@@ -9,6 +9,7 @@ A fitter describes one step as a :class:`ChunkProgram` and hands it to :func:`ru
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from gpzoo.inference.linalg import float_dtype
 from gpzoo.inference.sharding import DataParallel, resolve_devices
 from gpzoo.models.errors import CheckpointError, InvalidArgumentError, TrainingError, check_flag, check_integer, check_real, check_seed
 
-__all__ = ["RESUME_KEYS", "SCHEDULE_PROBE_STEPS", "ChunkProgram", "FitSettings", "run_chunks"]
+__all__ = ["RESUME_KEYS", "SCHEDULE_PROBE_STEPS", "ChunkProgram", "ClosureStep", "FitSettings", "run_chunks"]
 
 #: Steps at which a learning-rate schedule is evaluated to tell two schedules apart on resume.
 SCHEDULE_PROBE_STEPS = (0, 1, 10, 100, 1000, 10000, 100000)
@@ -145,16 +146,19 @@ class FitSettings:
 class ChunkProgram:
     """A fitting method as :func:`run_chunks` drives it.
 
-    ``update(state, inputs, constants) -> (state, objective)`` is one step: ``inputs`` are that
-    step's ``step_inputs(step)`` (a pytree of arrays, e.g. its minibatch indices), ``constants``
-    the arrays every step reads (the data, precomputed features; passed to the compiled chunk as
-    arguments rather than baked into it, and not checkpointed), and ``objective`` the value being
-    maximised at the *incoming* state (ELBO, PG bound), so the objective of step t belongs to the
-    parameters after t updates. ``rate_at(step)`` is what ``step_size_history``
-    records; ``params_of(state)`` the constrained parameters a checkpoint stores; ``config`` names
-    the run (:meth:`FitSettings.resume_config`; its :data:`RESUME_KEYS` must match to resume).
-    ``jitter_of(state)`` (traceable) is the jitter the model's Cholesky factorisations need at
-    ``state``; it is evaluated after every step inside the compiled chunk, and each step at which
+    ``step`` is the static definition of one step (hashable and compared by value, e.g.
+    :class:`~gpzoo.inference.svi.SviStep`): ``step.update(state, inputs, constants) -> (state,
+    objective)`` is one step, where ``inputs`` are that step's ``step_inputs(step)`` (a pytree of
+    arrays, e.g. its minibatch indices), ``constants`` the arrays every step reads (the data, the
+    family's initial values, precomputed features; arguments of the compiled chunk, not
+    checkpointed), and ``objective`` the value being maximised at the *incoming* state (ELBO, PG
+    bound), so the objective of step t belongs to the parameters after t updates;
+    ``step.jitter_of(state, constants)`` is the jitter the model's Cholesky factorisations need at
+    ``state``. The chunk of steps is a module-level program with ``step`` static, so every run of
+    one structure shares it. ``rate_at(step)`` is what ``step_size_history`` records;
+    ``params_of(state)`` the constrained parameters a checkpoint stores; ``config`` names the run
+    (:meth:`FitSettings.resume_config`; its :data:`RESUME_KEYS` must match to resume).
+    The jitter is evaluated after every step inside the compiled chunk, and each step at which
     it rises above ``jitter`` (the spec's) or changes while above it is recorded in the
     diagnostics' ``jitter_events`` (``{"step", "jitter"}``; ``max_jitter`` is the largest,
     ``last_jitter`` the one the last state needs).
@@ -163,7 +167,7 @@ class ChunkProgram:
 
     label: str
     objective: str
-    update: Callable[[Any, Any, Any], tuple[Any, jax.Array]]
+    step: Any
     step_inputs: Callable[[int], Any]
     rate_at: Callable[[int], float]
     params_of: Callable[[Any], dict]
@@ -171,7 +175,6 @@ class ChunkProgram:
     constants: Any = None
     hint: str = ""
     after_chunk: Callable[[int, Any], None] | None = None
-    jitter_of: Callable[[Any], jax.Array] | None = None
     jitter: float = 0.0
 
     def record_jitter(self, steps, jitters, diagnostics: dict) -> None:
@@ -182,6 +185,21 @@ class ChunkProgram:
                 diagnostics["jitter_events"].append({"step": int(step), "jitter": jitter})
             diagnostics["max_jitter"] = max(diagnostics.get("max_jitter", jitter), jitter)
             diagnostics["last_jitter"] = jitter
+
+
+class ClosureStep:
+    """A step given as closures (``update(state, inputs, constants)``, ``jitter_of(state)``), keyed by
+    identity: its chunk program compiles once per object. For fitters whose step is not yet a
+    value-compared definition."""
+
+    def __init__(self, update, jitter_of):
+        self._update, self._jitter_of = update, jitter_of
+
+    def update(self, state, inputs, constants):
+        return self._update(state, inputs, constants)
+
+    def jitter_of(self, state, constants):
+        return self._jitter_of(state)
 
 
 #: ``config`` keys that must agree between a checkpoint and the run that resumes from it
@@ -200,6 +218,32 @@ def _finite(tree) -> jax.Array:
     """True when every floating leaf of ``tree`` is finite (a scalar bool)."""
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _jitter(step, state, constants):
+    """The jitter ``step``'s model needs at ``state`` (the check before the first step)."""
+    return step.jitter_of(state, constants)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _run_chunk(step, state, inputs, active, constants):
+    """``K`` steps of ``step`` in one ``lax.scan`` (inputs ``[K, ...]`` per step; ``active`` ``[K]``: padded
+    steps are no-ops). Returns the state and per step (objective, state finite, jitter needed)."""
+    objective_dtype = jnp.zeros(()).dtype  # the default float: float64 under x64, else float32
+
+    def body(state, per_step):
+        step_inputs, on = per_step
+
+        def update(state):
+            new_state, objective = step.update(state, step_inputs, constants)
+            return new_state, jnp.asarray(objective, objective_dtype)
+
+        # a padded step (the last chunk before a checkpoint or the end) runs no update at all
+        new_state, objective = jax.lax.cond(on, update, lambda state: (state, jnp.zeros((), objective_dtype)), state)
+        return new_state, (objective, _finite(new_state), step.jitter_of(new_state, constants))
+
+    return jax.lax.scan(body, state, (inputs, active))
 
 
 def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, checkpoint_dir, checkpoint_every,
@@ -226,7 +270,6 @@ def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, che
     name = program.config.get("model")
     start, objective_hist, rate_hist = 0, [], []
     diagnostics.setdefault("jitter_events", [])
-    jitter_of = program.jitter_of or (lambda state: jnp.asarray(program.jitter))
     if resume and any(Path(checkpoint_dir).iterdir()):
         config, _, state, history = load_checkpoint(checkpoint_dir, state_template=state,
                                                      expect={k: program.config.get(k) for k in RESUME_KEYS})
@@ -236,28 +279,14 @@ def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, che
         diagnostics["jitter_events"] = list(config.get("jitter_events", []))
         diagnostics.update({k: config[k] for k in ("max_jitter", "last_jitter") if k in config})
     else:
-        program.record_jitter([start], [jax.jit(jitter_of)(state)], diagnostics)
+        program.record_jitter([start], [_jitter(program.step, state, program.constants)], diagnostics)
         if program.after_chunk is not None:
             program.after_chunk(start, state)
 
-    def run_chunk(state, inputs, active, constants):  # inputs: [K, ...] per step, active [K]: padded steps are no-ops
-        objective_dtype = jnp.zeros(()).dtype  # the default float: float64 under x64, else float32
+    def run_chunk(state, inputs, active, constants):
+        return _run_chunk(program.step, state, inputs, active, constants)
 
-        def body(state, step):
-            step_inputs, on = step
-
-            def update(state):
-                new_state, objective = program.update(state, step_inputs, constants)
-                return new_state, jnp.asarray(objective, objective_dtype)
-
-            # a padded step (the last chunk before a checkpoint or the end) runs no update at all
-            new_state, objective = jax.lax.cond(on, update, lambda state: (state, jnp.zeros((), objective_dtype)), state)
-            return new_state, (objective, _finite(new_state), jitter_of(new_state))
-
-        return jax.lax.scan(body, state, (inputs, active))
-
-    run_chunk = jax.jit(run_chunk)
-    chunk = max(1, min(chunk_size, steps))  # one compiled scan length for the whole run
+    chunk = max(1, chunk_size)  # one compiled scan length for every run (padded steps are skipped)
 
     def chunk_inputs(first: int, count: int):
         per_step = [program.step_inputs(s) for s in range(first, first + count)]

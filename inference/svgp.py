@@ -21,10 +21,12 @@ that XLA removes from the compiled step.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import numpyro
 import numpyro.distributions as dist
 from numpyro.distributions import Distribution
@@ -162,14 +164,14 @@ class SVGP:
         batch = X.shape[0]
         infer = {}
         if y is not None:
-            inputs = self.data_term_inputs(X, y, data_indices, num_data or batch)
+            inputs = self.data_term_inputs(X, y, data_indices, rows_in(num_data, batch))
 
             def expected_log_lik(q_u, key):  # [B]; the fast ELBO's data term (gpzoo.inference.elbo)
                 return self.expected_log_lik(parts.with_posterior(q_u), X, y, key, **inputs)
 
             infer = {EXPECTED_LOG_LIK: expected_log_lik, INDUCING_SITE_KEY: U_SITE,
                      LATENT_SITE_KEY: (F_SITE, *self.auxiliary_sites)}
-        with numpyro.plate("data", num_data or batch, subsample_size=batch):
+        with data_plate(num_data, batch):
             f = numpyro.sample(F_SITE, self._latent(parts, X, u))  # [B, L]
             numpyro.sample(Y_SITE, parts.likelihood.distribution(f), obs=self._observed(y), infer=infer)
             if y is not None:
@@ -185,11 +187,11 @@ class SVGP:
         with numpyro.handlers.block(hide_fn=lambda site: site["type"] == "sample"), numpyro.handlers.substitute(data=hyper):
             parts = self.prior_parts()
         batch = X.shape[0]
-        with numpyro.plate("data", num_data or batch, subsample_size=batch):
+        with data_plate(num_data, batch):
             numpyro.sample(F_SITE, self._latent(parts, X, u))  # [B, L]
             if y is not None and self.auxiliary_sites:
                 posterior = dataclasses.replace(parts, q_mu=q_mu, q_sqrt=q_sqrt)
-                for name, fn in self.auxiliary_guide(posterior, X, y, data_indices, num_data or batch).items():
+                for name, fn in self.auxiliary_guide(posterior, X, y, data_indices, rows_in(num_data, batch)).items():
                     numpyro.sample(name, fn)
 
     #: Auxiliary latent sites of the observation model (e.g. Pólya–Gamma variables), integrated out
@@ -240,6 +242,29 @@ class SVGP:
             return None
         K = Kuu(self.inducing.resolved(), self.spec.kernel.resolved())
         return cholesky_with_jitter(K, self.spec.jitter)[0]
+
+
+def data_plate(num_data, batch: int):
+    """The plate of a minibatch of ``batch`` rows out of ``num_data`` (None: the minibatch is all the data).
+
+    ``num_data`` may be a traced array (compiled programs take N as an argument, so fits on data
+    sets of different sizes share them): the plate then has the minibatch's size and a
+    ``scale`` handler applies the N/B weight, the same weight a subsampled plate gives its sites.
+    """
+    if num_data is None or isinstance(num_data, (int, np.integer)):
+        return numpyro.plate("data", batch if num_data is None else int(num_data), subsample_size=batch)
+    return _scaled_plate(num_data, batch)
+
+
+@contextlib.contextmanager
+def _scaled_plate(num_data, batch: int):
+    with numpyro.handlers.scale(scale=jnp.asarray(num_data) / batch), numpyro.plate("data", batch) as rows:
+        yield rows
+
+
+def rows_in(num_data, batch: int):
+    """``num_data`` where given, else the minibatch's size (N of a call without ``num_data``)."""
+    return batch if num_data is None else num_data
 
 
 def has_prior(spec: ModelSpec) -> bool:

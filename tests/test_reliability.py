@@ -9,7 +9,7 @@ import pytest
 
 from gpzoo.inference import evaluate_elbo, fit, predict
 from gpzoo.inference.inducing import InducingPoints
-from gpzoo.inference.runner import ChunkProgram, run_chunks
+from gpzoo.inference.runner import ChunkProgram, ClosureStep, run_chunks
 from gpzoo.models import kernels, likelihoods, zoo
 from gpzoo.models.errors import (
     CheckpointError,
@@ -196,9 +196,11 @@ def test_jitter_increase_inside_a_chunk_is_recorded_with_its_step(precision):
     """The jitter rises after update 3 and is back after update 5: all inside one chunk of 10 steps."""
     base = 1e-6
     program = ChunkProgram(
-        label="toy", objective="ELBO", update=lambda state, inputs, constants: (state + 1.0, -state),
+        label="toy", objective="ELBO",
+        step=ClosureStep(lambda state, inputs, constants: (state + 1.0, -state),
+                         lambda state: jnp.where((state >= 3) & (state < 5), 1e-4, base)),
         step_inputs=lambda step: np.zeros(()), rate_at=lambda step: 0.1, params_of=lambda state: {"s": state},
-        config={"model": "toy"}, jitter_of=lambda state: jnp.where((state >= 3) & (state < 5), 1e-4, base), jitter=base,
+        config={"model": "toy"}, jitter=base,
     )
     diagnostics = {"jitter_events": []}
     run_chunks(program, jnp.zeros(()), steps=10, chunk_size=10, checkpoint_dir=None, checkpoint_every=None, resume=False,
@@ -216,7 +218,8 @@ def test_padded_steps_of_a_chunk_run_no_update(precision):
         jax.debug.callback(lambda: calls.append(1), ordered=True)
         return state + 1.0, -state
 
-    program = ChunkProgram(label="toy", objective="ELBO", update=update, step_inputs=lambda step: np.zeros(()),
+    program = ChunkProgram(label="toy", objective="ELBO", step=ClosureStep(update, lambda state: jnp.asarray(0.0)),
+                           step_inputs=lambda step: np.zeros(()),
                            rate_at=lambda step: 0.1, params_of=lambda state: {"s": state}, config={"model": "toy"})
     state, objective, rates = run_chunks(program, jnp.zeros(()), steps=3, chunk_size=10, checkpoint_dir=None,
                                          checkpoint_every=None, resume=False, progress=False, diagnostics={})
