@@ -62,6 +62,7 @@ from gpzoo.models.errors import (
     as_float_array,
     is_concrete,
 )
+from gpzoo.inference.programs import freeze
 from gpzoo.models.dkm import KL_FORMS, DKMConfig, GramLayerSpec
 from gpzoo.models.kernels.gram import (
     GRAM_KERNELS,
@@ -686,15 +687,16 @@ def _objective_core(params, X, y, num_data, key, nu, *, config: DKMConfig, train
     return value, aux
 
 
-_JIT_CACHE: "weakref.WeakKeyDictionary[DKMConfig, dict]" = weakref.WeakKeyDictionary()
+_JIT_CACHE: dict = {}
 
 
 def _cached_jit(config: DKMConfig, name, make):
-    """One compiled program per (config, name): eager calls run as one XLA program, not op by op."""
-    cache = _JIT_CACHE.setdefault(config, {})
-    if name not in cache:
-        cache[name] = jax.jit(make())
-    return cache[name]
+    """One compiled program per (config's value, name): eager calls run as one XLA program, not op by
+    op, and every config of equal fields (two builds of one zoo model) shares it."""
+    key = (freeze(config), name)
+    if key not in _JIT_CACHE:
+        _JIT_CACHE[key] = jax.jit(make())
+    return _JIT_CACHE[key]
 
 
 def compiled_forward(config: DKMConfig):

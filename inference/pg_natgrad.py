@@ -55,8 +55,10 @@ the one the SVI path uses.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -69,7 +71,8 @@ from numpyro.distributions import biject_to, constraints
 from gpzoo.inference.data import BatchSchedule, validate_data
 from gpzoo.inference.linalg import float_dtype
 from gpzoo.inference.results import FitResult
-from gpzoo.inference.runner import ChunkProgram, ClosureStep, FitSettings
+from gpzoo.inference.programs import ByIdentity, FamilyDefinition, definition_of, family_jit
+from gpzoo.inference.runner import ChunkProgram, FitSettings
 from gpzoo.inference.inducing import InducingPoints, Kuf, inducing_for
 from gpzoo.inference.polya_gamma import pg1_mean, optimal_c, pg_logistic_bound
 from gpzoo.inference.svgp import SVGP, has_prior
@@ -335,12 +338,94 @@ def anderson_cavi_update(features: PGFeatures, y, q_mu, q_sqrt, memory: Anderson
 
 
 # ----------------------------------------------------------------------------- fitting
-def _param_sites(family: SVGP) -> dict:
-    """Initial constrained value and constraint of every ``numpyro.param`` the family declares."""
+@dataclasses.dataclass(frozen=True)
+class PgStep:
+    """The static definition of a Pólya–Gamma natural-gradient step (hashable, compared by value):
+    the family's structure, the trained hyperparameters' names and constraints, and the step's
+    options. Its constants are ``(family leaves, fixed params, N/B, X, y[, all features])``."""
+
+    definition: FamilyDefinition
+    trainable: tuple[str, ...]
+    constraints: tuple  # of each trained hyperparameter (NumPyro constraints, by identity)
+    whiten: bool
+    full_batch: bool
+    cached: bool
+    acceleration: str | None
+    optimizer: Any = None
+    schedule: Any = None
+
+    def make_optimizer(self, learning_rate=0.0):
+        if self.optimizer is not None:
+            return self.optimizer.value
+        return optax.inject_hyperparams(optax.adam)(learning_rate=self.schedule.value if self.schedule is not None else learning_rate)
+
+    def constrained(self, state, constants) -> dict:
+        fixed = constants[1]
+        hyper = {n: biject_to(c.value)(state["hyper"][n]) for n, c in zip(self.trainable, self.constraints)}
+        return {**fixed, **hyper, "q_mu": state["q_mu"], "q_sqrt": state["q_sqrt"]}
+
+    def update(self, state, inputs, constants):
+        family = self.definition.build(constants[0])
+        scale, X_all, y_all = constants[2:5]
+        batch_idx, rho = inputs
+        if self.trainable:
+            Xb, yb = X_all[batch_idx], y_all[batch_idx]
+            features, pullback = jax.vjp(
+                lambda hyper: pg_features(family, self.constrained({**state, "hyper": hyper}, constants), Xb), state["hyper"])
+            q_mu, q_sqrt, bound = natural_update(features, yb, state["q_mu"], state["q_sqrt"], scale=scale, rho=rho,
+                                                 whiten=self.whiten)
+            # Adam on the hyperparameters at the new q(u), c at its optimum (held constant: envelope theorem)
+            feature_grads = jax.grad(lambda f: -features_bound(f, yb, q_mu, q_sqrt, scale=scale, whiten=self.whiten))(features)
+            (grads,) = pullback(feature_grads)
+            updates, opt = self.make_optimizer().update(grads, state["opt"], state["hyper"])
+            return {"hyper": optax.apply_updates(state["hyper"], updates), "q_mu": q_mu, "q_sqrt": q_sqrt, "opt": opt}, bound
+        if self.full_batch and self.cached:
+            features, yb = constants[5], y_all
+        elif self.cached:
+            features, yb = constants[5].columns(batch_idx), y_all[batch_idx]
+        else:
+            features, yb = pg_features(family, self.constrained(state, constants), X_all[batch_idx]), y_all[batch_idx]
+        if self.acceleration == "anderson":
+            q_mu, q_sqrt, memory, bound = anderson_cavi_update(features, yb, state["q_mu"], state["q_sqrt"],
+                                                               state["anderson"], whiten=self.whiten)
+            return {**state, "q_mu": q_mu, "q_sqrt": q_sqrt, "anderson": memory}, bound
+        q_mu, q_sqrt, bound = natural_update(features, yb, state["q_mu"], state["q_sqrt"], scale=scale, rho=rho, whiten=self.whiten)
+        return {**state, "q_mu": q_mu, "q_sqrt": q_sqrt}, bound
+
+    def jitter_of(self, state, constants):
+        return self.definition.build(constants[0]).jitter_used(self.constrained(state, constants))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _constrained(step: PgStep, state, constants) -> dict:
+    return step.constrained(state, constants)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _all_features(step: PgStep, state, constants):
+    """The features of every training input at the initial state (fixed hyperparameters: computed once)."""
+    return pg_features(step.definition.build(constants[0]), step.constrained(state, constants), constants[3])
+
+
+#: Constraint of every param site, per family structure (recorded when :func:`_param_values` is traced).
+_SITE_CONSTRAINTS: dict = {}
+
+
+@family_jit
+def _param_values(family: SVGP) -> dict:
+    """Initial constrained value of every ``numpyro.param`` the family declares (one program per structure)."""
     with numpyro.handlers.trace() as tr, numpyro.handlers.seed(rng_seed=0):
         family.parts()
-    return {name: (site["value"], site["kwargs"].get("constraint", constraints.real))
-            for name, site in tr.items() if site["type"] == "param"}
+    _SITE_CONSTRAINTS.setdefault(definition_of(family)[0], {
+        name: site["kwargs"].get("constraint", constraints.real) for name, site in tr.items() if site["type"] == "param"})
+    return {name: site["value"] for name, site in tr.items() if site["type"] == "param"}
+
+
+def _param_sites(family: SVGP) -> dict:
+    """Initial constrained value and constraint of every ``numpyro.param`` the family declares."""
+    values = _param_values(family)
+    site_constraints = _SITE_CONSTRAINTS[definition_of(family)[0]]
+    return {name: (value, site_constraints[name]) for name, value in values.items()}
 
 
 def fit_pg_natgrad(
@@ -400,63 +485,33 @@ def fit_pg_natgrad(
     if not isinstance(inducing, InducingPoints):
         raise InvalidArgumentError("inducing", f"the Pólya–Gamma path supports InducingPoints, got {type(inducing).__name__}")
     family = family_class(spec, inducing, num_latent=1)
-    whiten = spec.whiten
 
     sites = _param_sites(family)
     trainable = {n for n in sites if n not in Q_SITES and learn_hyperparameters and (learn_inducing or not n.startswith("inducing."))}
-    fixed = {n: v for n, (v, _) in sites.items() if n not in trainable and n not in Q_SITES}
-    transforms = {n: biject_to(sites[n][1]) for n in trainable}
-    optimizer = optimizer or optax.adam(learning_rate)
-
-    def constrained(state):
-        return {**fixed, **{n: transforms[n](v) for n, v in state["hyper"].items()}, "q_mu": state["q_mu"], "q_sqrt": state["q_sqrt"]}
-
-    hyper0 = {n: transforms[n].inv(sites[n][0]) for n in sorted(trainable)}
+    fixed = {n: jnp.asarray(v) for n, (v, _) in sites.items() if n not in trainable and n not in Q_SITES}
+    names = tuple(sorted(trainable))
+    definition, leaves = definition_of(family)
+    step = PgStep(
+        definition, trainable=names, constraints=tuple(ByIdentity(sites[n][1]) for n in names), whiten=bool(spec.whiten),
+        full_batch=B == N, cached=not trainable and spec.num_inducing * N <= FEATURE_CACHE_ELEMENTS,
+        acceleration=acceleration,
+        optimizer=None if optimizer is None else ByIdentity(optimizer),
+        schedule=ByIdentity(learning_rate) if optimizer is None and callable(learning_rate) else None,
+    )
+    dtype = np.dtype(float_dtype())
+    hyper0 = {n: biject_to(sites[n][1]).inv(sites[n][0]) for n in names}
     # the scan carry: unconstrained trained hyperparameters, q(u) in the guide's names, Adam state
-    state = {"hyper": hyper0, "q_mu": sites["q_mu"][0], "q_sqrt": sites["q_sqrt"][0], "opt": optimizer.init(hyper0)}
+    opt = step.make_optimizer(np.asarray(0.0 if callable(learning_rate) else learning_rate, dtype))
+    state = {"hyper": hyper0, "q_mu": sites["q_mu"][0], "q_sqrt": sites["q_sqrt"][0], "opt": opt.init(hyper0)}
     if acceleration == "anderson":
         state["anderson"] = anderson_init(N)
 
     X_j, y_j = jnp.asarray(X), jnp.asarray(y, dtype=float_dtype())
-    scale = N / B
-    full_batch = B == N
-
-    if trainable:
-        constants = (X_j, y_j)
-
-        def update(state, inputs, constants):
-            (batch_idx, rho), (X_all, y_all) = inputs, constants
-            Xb, yb = X_all[batch_idx], y_all[batch_idx]
-            features, pullback = jax.vjp(lambda hyper: pg_features(family, constrained({**state, "hyper": hyper}), Xb),
-                                         state["hyper"])
-            q_mu, q_sqrt, bound = natural_update(features, yb, state["q_mu"], state["q_sqrt"], scale=scale, rho=rho, whiten=whiten)
-            # Adam on the hyperparameters at the new q(u), c at its optimum (held constant: envelope theorem)
-            feature_grads = jax.grad(lambda f: -features_bound(f, yb, q_mu, q_sqrt, scale=scale, whiten=whiten))(features)
-            (grads,) = pullback(feature_grads)
-            updates, opt = optimizer.update(grads, state["opt"], state["hyper"])
-            return {"hyper": optax.apply_updates(state["hyper"], updates), "q_mu": q_mu, "q_sqrt": q_sqrt, "opt": opt}, bound
-    else:
-        cached = spec.num_inducing * N <= FEATURE_CACHE_ELEMENTS
-        all_features = jax.jit(lambda state: pg_features(family, constrained(state), X_j))(state) if cached else None
-        constants = (X_j, y_j, all_features)
-
-        def update(state, inputs, constants):
-            (batch_idx, rho), (X_all, y_all, all_features) = inputs, constants
-            if full_batch and cached:
-                features, yb = all_features, y_all
-            elif cached:
-                features, yb = all_features.columns(batch_idx), y_all[batch_idx]
-            else:
-                features, yb = pg_features(family, constrained(state), X_all[batch_idx]), y_all[batch_idx]
-            if acceleration == "anderson":
-                q_mu, q_sqrt, memory, bound = anderson_cavi_update(features, yb, state["q_mu"], state["q_sqrt"],
-                                                                   state["anderson"], whiten=whiten)
-                return {**state, "q_mu": q_mu, "q_sqrt": q_sqrt, "anderson": memory}, bound
-            q_mu, q_sqrt, bound = natural_update(features, yb, state["q_mu"], state["q_sqrt"], scale=scale, rho=rho, whiten=whiten)
-            return {**state, "q_mu": q_mu, "q_sqrt": q_sqrt}, bound
+    constants = (leaves, fixed, np.asarray(N / B, dtype), X_j, y_j)
+    if step.cached:
+        constants = constants + (_all_features(step, state, constants),)
 
     batches = BatchSchedule(N, B, seed)
-    dtype = np.dtype(float_dtype())
     diagnostics = {"jitter": float(spec.jitter), "jitter_events": [], "dtype": str(dtype),
                    "seconds": 0.0, "method": METHOD, "learn_hyperparameters": bool(learn_hyperparameters),
                    "acceleration": acceleration,
@@ -465,15 +520,15 @@ def fit_pg_natgrad(
 
     program = ChunkProgram(
         label=f"fit {spec.name} (PG natural gradient)", objective="Pólya–Gamma bound", constants=constants,
-        step=ClosureStep(update, lambda state: family.jitter_used(constrained(state))),
-        step_inputs=lambda step: (batches(step), np.asarray(rho_at(step), dtype)), rate_at=lambda step: float(rho_at(step)),
-        params_of=constrained,
+        step=step,
+        step_inputs=lambda s: (batches(s), np.asarray(rho_at(s), dtype)), rate_at=lambda s: float(rho_at(s)),
+        params_of=lambda state: _constrained(step, state, constants),
         config={**config, "trained_hyperparameters": sorted(trainable)},
         hint="Try a smaller step_size or learning_rate, or a larger jitter.",
         jitter=float(spec.jitter),
     )
     state, history, rhos_seen = settings.run(program, state, diagnostics)
-    params = {n: np.asarray(v) for n, v in constrained(state).items()}
+    params = {n: np.asarray(v) for n, v in _constrained(step, state, constants).items()}
     return FitResult(
         spec=spec, inducing=inducing, num_latent=1, params=params,
         objective_history=np.asarray(history), step_size_history=np.asarray(rhos_seen),

@@ -259,12 +259,13 @@ def pad_rows(array, size: int):
 
 # ----------------------------------------------------------------------------- counting compilations
 _BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 _listeners: list["CompileCounter"] = []
 _listeners_lock = threading.Lock()
 _registered = False
 
 
-def _on_event(event: str, duration: float, **kwargs) -> None:
+def _on_duration(event: str, duration: float, **kwargs) -> None:
     if event == _BACKEND_COMPILE_EVENT:
         with _listeners_lock:
             for counter in _listeners:
@@ -272,21 +273,30 @@ def _on_event(event: str, duration: float, **kwargs) -> None:
                 counter.seconds += duration
 
 
-class CompileCounter:
-    """Counts XLA compilations (and their seconds) while active: ``with CompileCounter() as c: ...; c.count``.
+def _on_event(event: str, **kwargs) -> None:
+    if event == _CACHE_HIT_EVENT:
+        with _listeners_lock:
+            for counter in _listeners:
+                counter.cache_hits += 1
 
-    Listens to JAX's compile-event monitoring; a program served from JAX's in-memory cache counts
-    nothing, one served from the persistent cache still counts (XLA's step is skipped, but JAX
-    reports the executable's load as a compile event only when it compiles)."""
+
+class CompileCounter:
+    """Counts compilations while active: ``with CompileCounter() as c: ...; c.count``.
+
+    ``count`` is every program JAX did not find in its in-memory cache (each reaches XLA's
+    compile step, JAX's ``backend_compile`` event), ``seconds`` their time, and ``cache_hits``
+    those of them that JAX's persistent cache served instead of compiling.
+    """
 
     def __init__(self):
-        self.count, self.seconds = 0, 0.0
+        self.count, self.seconds, self.cache_hits = 0, 0.0, 0
 
     def __enter__(self):
         global _registered
         with _listeners_lock:
             if not _registered:
-                jax.monitoring.register_event_duration_secs_listener(_on_event)
+                jax.monitoring.register_event_duration_secs_listener(_on_duration)
+                jax.monitoring.register_event_listener(_on_event)
                 _registered = True
             _listeners.append(self)
         return self

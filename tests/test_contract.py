@@ -3,7 +3,11 @@
 For every ``zoo.names()`` entry, on a small data set it accepts: build, fit 20 steps, predict,
 evaluate the ELBO, export the DataTree — all finite — and the full-data ELBO after the 20 steps
 exceeds its value at the start by more than the Monte Carlo standard error of the difference.
-Saved and loaded (``gpzoo.save`` / ``gpzoo.load``), it predicts bit for bit as before. The model is a generative NumPyro program: ``Predictive`` draws y with the data's shape, and
+Saved and loaded (``gpzoo.save`` / ``gpzoo.load``), it predicts bit for bit as before, compiling nothing.
+It compiles once per structure: after that fit, predict, ELBO and DataTree, a second fit of a
+freshly built spec of the model on other data of the same shape, with another seed, learning rate
+and step count, and its prediction on another number of rows compile nothing, and (float32) that
+second fit equals, bit for bit, the same fit compiled from scratch. The model is a generative NumPyro program: ``Predictive`` draws y with the data's shape, and
 gpzoo's fast ELBO equals the mean of ``Trace_ELBO`` on the same model and guide within 3 Monte
 Carlo standard errors. A model registered without meeting this fails here by name.
 """
@@ -16,8 +20,10 @@ import numpy as np
 import pytest
 from numpyro.infer import Predictive, Trace_ELBO
 
+from conftest import CACHE_OFF, _cache_settings
 from gpzoo.analysis import to_datatree
-from gpzoo.inference import evaluate_elbo, fit, predict
+from gpzoo.inference import evaluate_elbo, fit, load, predict, save
+from gpzoo.inference.programs import CompileCounter
 from gpzoo.inference.elbo import FastELBO
 from gpzoo.models import zoo
 from test_io import assert_round_trips
@@ -92,10 +98,50 @@ def check_contract(name: str, precision: str, tmp_path, round_trip: bool = True)
             if np.issubdtype(var.dtype, np.floating):
                 assert np.all(np.isfinite(var.values)), (group.name, var.name)
 
+    second = _check_compiles_once(name, precision)
+
     if precision == "float64":  # the generative checks once per model (float64 keeps Trace_ELBO's noise honest)
         _check_generative(res, X, y)
-    elif round_trip:  # saved and loaded, in the default precision: bit-identical predictions
+    elif round_trip:  # saved and loaded, in the default precision: bit-identical predictions, nothing compiled
         assert_round_trips(res, tmp_path / "model", X_test)
+        with CompileCounter() as counter:
+            predict(load(save(res, tmp_path / "again")), X_test)
+        assert counter.count == 0, f"{name}: load + predict compiled {counter.count} programs"
+    if precision == "float32":
+        _check_same_as_compiled_from_scratch(name, second)
+
+
+#: The second fit of the compile-once check: other data (same shape), seed, learning rate and steps.
+SECOND_FIT = {"steps": STEPS + 7, "batch_size": 20, "seed": 11, "learning_rate": 0.02, "progress": False}
+
+
+def _check_compiles_once(name: str, precision: str):
+    """A second fit (:data:`SECOND_FIT`) of a freshly built spec and its prediction on another number of
+    rows compile nothing; returns that fit."""
+    X2, y2 = _bars(NUM_TRAIN, 7)
+    X_new, _ = _bars(NUM_TEST + 7, 8)
+    with CompileCounter() as counter:
+        res = fit(_spec(name), X2, y2, **SECOND_FIT)
+        pred = predict(res, X_new)
+    assert counter.count == 0, f"{name} ({precision}): the second fit and predict compiled {counter.count} programs"
+    assert pred.f_mean.shape[0] == NUM_TEST + 7 and np.all(np.isfinite(pred.f_mean))
+    return res
+
+
+def _check_same_as_compiled_from_scratch(name: str, warm) -> None:
+    """The second fit, run on programs compiled for the first, equals the same fit compiled anew
+    (in-memory cache cleared, persistent cache off): no value of the first fit was compiled in."""
+    X2, y2 = _bars(NUM_TRAIN, 7)
+    jax.clear_caches()
+    previous = _cache_settings(CACHE_OFF)
+    try:
+        cold = fit(_spec(name), X2, y2, **SECOND_FIT)
+    finally:
+        _cache_settings(previous)
+    assert warm.params.keys() == cold.params.keys()
+    for key in warm.params:
+        np.testing.assert_array_equal(warm.params[key], cold.params[key], err_msg=f"{name}: {key}")
+    np.testing.assert_array_equal(warm.objective_history, cold.objective_history)
 
 
 #: Orbit-sample sets of the generative p(f | u) of an augmentation-density kernel in the ELBO check.
