@@ -18,16 +18,15 @@ fit (``gpzoo compare --resume`` continues it).
   after every other task has finished and been saved. On a cluster of several machines the output
   directory must be on a file system every node sees.
 
-Every backend fits with JAX's persistent compilation cache in ``compile-cache/`` beside the tasks'
-checkpoints (:data:`COMPILE_CACHE`, :func:`~gpzoo.inference.tasks.compile_cache`): the fits of one
-model with different seeds run the same programs, so only the first compiles them and the others —
-in this process or in any Ray actor — read them back (the same executables: results do not change).
-Measured on the 2-core CPU machine this project is benchmarked on (rectangles, 150 steps, fit and
-save): the second seed of ``svgp-rbf`` took 1.6 s with the cache against 5.7 s without, that of
-``conv`` 4.5 s against 10.5 s (most of a first fit is XLA's compilation); ``benchmarks/ray_speedup.py``
-times whole runs with and without it. The folder is removed once every task has finished and
-kept, like the checkpoints, for ``--resume`` when a run stops early. A cache the caller configured
-(``jax_compilation_cache_dir``) is used instead.
+Every backend fits with JAX's persistent compilation cache: the user's (``gpzoo compare`` and
+:func:`gpzoo.compare` use :func:`~gpzoo.inference.programs.persistent_cache`, kept between runs),
+or else one in ``compile-cache/`` beside the tasks' checkpoints (:data:`COMPILE_CACHE`,
+:func:`~gpzoo.inference.tasks.compile_cache`), removed once every task has finished and kept,
+like the checkpoints, for ``--resume`` when a run stops early. Within one process the fits of one
+model share their programs anyway (a program is compiled once per model structure,
+:mod:`gpzoo.inference.programs`); the persistent cache carries them to Ray's actors and to the
+next run (the same executables: results do not change). ``benchmarks/ray_speedup.py`` times whole
+runs with and without it.
 
 What a Ray run costs beyond its fits is mostly each actor's start: its process imports gpzoo's
 fitting code and JAX (:mod:`gpzoo.inference.tasks`, about 1.3 s of CPU; not :mod:`gpzoo.analysis`),
@@ -40,6 +39,7 @@ import dataclasses
 import os
 import shutil
 import signal
+import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -200,6 +200,21 @@ def _ray(tasks: Sequence[FitTask], X, y, options: FitOptions, on_done: Callable[
         for sig, handler in handlers.items():
             if handler is not None:
                 signal.signal(sig, handler)
+        rearm_sigint()
+
+
+def rearm_sigint() -> None:
+    """Install the current Python SIGINT handler again at the C level (main thread only).
+
+    Ray's native threads can replace the process's SIGINT action behind Python's back; the Python
+    handler then still reads as installed but Ctrl-C no longer reaches it. The Ray backend calls
+    this when it is done, so that a later fit's Ctrl-C raises ``KeyboardInterrupt`` and checkpoints
+    as documented.
+    """
+    if threading.current_thread() is threading.main_thread():
+        handler = signal.getsignal(signal.SIGINT)
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
 
 
 #: Backend name -> runner(tasks, X, y, options, on_done, **backend options).
@@ -212,7 +227,8 @@ def run_fits(tasks: Sequence[FitTask], X, y, options: FitOptions, *, backend: st
     ``cpus_per_fit``); ``on_done(task)`` is called as each one is saved.
 
     ``options.compile_cache`` None: the cache is ``compile-cache/`` in the folder that holds the
-    tasks' checkpoint folders (none when they lie in several), removed when every task has finished."""
+    tasks' checkpoint folders (none when they lie in several), removed when every task has finished
+    (a cache with ``options.keep_compile_cache``, such as the user's, is kept)."""
     if backend not in BACKENDS:
         raise InvalidArgumentError("backend", f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend == "sequential" and backend_options:
@@ -222,5 +238,5 @@ def run_fits(tasks: Sequence[FitTask], X, y, options: FitOptions, *, backend: st
         folders = {task.checkpoints.parent for task in tasks}
         options = dataclasses.replace(options, compile_cache=folders.pop() / COMPILE_CACHE if len(folders) == 1 else None)
     BACKENDS[backend](tasks, X, y, options, on_done or (lambda task: None), **backend_options)
-    if options.compile_cache is not None:  # every task finished: nothing left to resume
+    if options.compile_cache is not None and not options.keep_compile_cache:  # every task finished: nothing left to resume
         shutil.rmtree(options.compile_cache, ignore_errors=True)

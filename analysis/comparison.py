@@ -167,8 +167,12 @@ def fit_and_report(*, dataset, X_train, y_train, X_test, y_test, specs: Mapping[
                 log(f"{name}: finished in the interrupted run, loaded from {task.saved}")
         else:
             tasks.append(task)
+    from gpzoo.inference.programs import persistent_cache  # noqa: PLC0415
+
+    cache = persistent_cache()  # the user's cache of compiled programs (GPZOO_COMPILATION_CACHE=off: none)
     options = FitOptions(steps=steps, batch_size=batch_size, learning_rate=learning_rate,
-                         checkpoint_every=checkpoint_every, resume=resume, progress=progress and backend == "sequential")
+                         checkpoint_every=checkpoint_every, resume=resume, progress=progress and backend == "sequential",
+                         compile_cache=cache, keep_compile_cache=cache is not None)
 
     def done(task):
         finished.append(task.name)

@@ -50,19 +50,6 @@ def atomic_write(path: Path, write) -> None:
         raise
 
 
-def rearm_sigint() -> None:
-    """Install the current Python SIGINT handler again at the C level (main thread only).
-
-    A library's native threads (Ray's, for one) can replace the process's SIGINT action behind
-    Python's back; the Python handler then still reads as installed but Ctrl-C no longer reaches it.
-    A fit calls this first so that Ctrl-C raises ``KeyboardInterrupt`` and checkpoints as documented.
-    """
-    if threading.current_thread() is threading.main_thread():
-        handler = signal.getsignal(signal.SIGINT)
-        if handler is not None:
-            signal.signal(signal.SIGINT, handler)
-
-
 @contextlib.contextmanager
 def sigint_deferred():
     """Hold a SIGINT that arrives inside the block and deliver it to the previous handler on exit.

@@ -11,7 +11,10 @@ backend optimisation, against 3.7 s and 0.09 s with it; the break-even lies near
 :meth:`AdaptiveJit.for_calls` picks the quick build for at most :data:`QUICK_MAX_CALLS` calls. On
 other backends (GPU) the optimised build is always used. Both builds compute the same function;
 their results may differ in the last bits (XLA fuses differently), so a caller that must
-reproduce earlier output exactly should ask for the same number of calls.
+reproduce earlier output exactly should ask for the same number of calls. Both builds take the
+model family's structure as their static argument (:mod:`gpzoo.inference.programs`), so each is
+compiled once per structure and shared by every fit and loaded model of it; ``predict`` and
+``evaluate_elbo``, which users call again and again, always run the optimised build.
 
 :class:`AheadOfTime` compiles programs before their first call: it traces and lowers each in the
 calling thread (NumPyro's effect handlers live on one process-wide stack, so tracing stays on one
@@ -42,7 +45,6 @@ import time
 import jax
 
 from gpzoo.inference.programs import FamilyProgram
-from gpzoo.models.kernels.convolutional import few_calls
 
 __all__ = ["QUICK_COMPILE_OPTIONS", "QUICK_MAX_CALLS", "AdaptiveJit", "AheadOfTime", "adaptive_jit", "idle_compile_workers", "idle_cores"]
 
@@ -55,14 +57,13 @@ QUICK_MAX_CALLS = 8
 
 
 class AdaptiveJit:
-    """``fun(family, *args)`` compiled once per family structure (:func:`gpzoo.inference.programs.family_jit`) with XLA's default optimisation (:attr:`optimised`, also what a plain call
-    runs) and without backend optimisation (:attr:`quick`); :meth:`for_calls` chooses. The quick
-    build is traced under :func:`gpzoo.models.kernels.convolutional.few_calls` (kernels choose
-    the paths whose programs compile fastest)."""
+    """``fun(family, *args)`` compiled once per family structure (:func:`gpzoo.inference.programs.family_jit`)
+    with XLA's default optimisation (:attr:`optimised`, also what a plain call runs) and without
+    backend optimisation (:attr:`quick`); :meth:`for_calls` chooses. Both trace the same program."""
 
     def __init__(self, fun, **jit_kwargs):
         self.optimised = FamilyProgram(fun, **jit_kwargs)
-        self.quick = FamilyProgram(_traced_for_few_calls(fun), compiler_options=QUICK_COMPILE_OPTIONS, **jit_kwargs)
+        self.quick = FamilyProgram(fun, compiler_options=QUICK_COMPILE_OPTIONS, **jit_kwargs)
         functools.update_wrapper(self, fun)
 
     def __call__(self, *args, **kwargs):
@@ -73,15 +74,6 @@ class AdaptiveJit:
         if calls <= QUICK_MAX_CALLS and jax.default_backend() == "cpu":
             return self.quick
         return self.optimised
-
-
-def _traced_for_few_calls(fun):
-    @functools.wraps(fun)
-    def traced(*args, **kwargs):
-        with few_calls():
-            return fun(*args, **kwargs)
-
-    return traced
 
 
 def adaptive_jit(fun=None, **jit_kwargs):

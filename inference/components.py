@@ -26,6 +26,7 @@ import numpyro
 from gpzoo.inference.compilation import QUICK_COMPILE_OPTIONS
 from gpzoo.inference.data import check_new_inputs, row_slices
 from gpzoo.inference.linalg import float_dtype
+from gpzoo.inference.programs import family_jit
 from gpzoo.inference.results import FitResult
 from gpzoo.inference.guides import conditional
 from gpzoo.inference.inducing import InducingPatches, Kuf, Kuu, SeparateInducing
@@ -147,35 +148,45 @@ class InducingPatchOutputs:
 def inducing_patch_outputs(res: FitResult) -> InducingPatchOutputs:
     """The fitted model's inducing patches with E_q[u] (u = Luu v when whitened).
 
-    Computed by one jit-compiled program (quick build: it runs once), not operation by operation:
-    eagerly, each of the dozens of small operations (Kuu, its Cholesky with jitter, the product)
-    compiled on its own, about a second for a conv model.
+    Computed by one jit-compiled program (quick build: it runs once per fit), not operation by
+    operation: eagerly, each of the dozens of small operations (Kuu, its Cholesky with jitter, the
+    product) compiled on its own, about a second for a conv model. The program is compiled once
+    per model structure (:mod:`gpzoo.inference.programs`).
     """
     found = {}
 
-    def outputs_and_patches(params):
-        with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=res.seed):
+    def locate(params):  # traced only (shapes): which additive part holds the inducing patches
+        with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=0):
             parts = res.family.parts()
-        L = parts.q_mu.shape[0]
         offset = 0
-        for _, kernel, inducing in _pieces(parts.kernel, parts.inducing):
+        for index, (_, kernel, inducing) in enumerate(_pieces(parts.kernel, parts.inducing)):
             G = int(Kuu(inducing, kernel).shape[0])
             if isinstance(inducing, InducingPatches) and not found:
-                found.update(kernel=kernel, num_inducing=inducing.num_inducing, start=offset, groups=G, Z=inducing.Z)
+                found.update(piece=index, start=offset, groups=G, num_inducing=inducing.num_inducing,
+                             patch_shape=tuple(kernel.patch_shape), channels=int(kernel.patch_channels))
             offset += G
-        if not found:
-            return None
-        M = found["num_inducing"]
-        q_mu = parts.q_mu.reshape(L, offset, M)  # [L, G_total, M]
-        u = q_mu if not res.spec.whiten else jnp.einsum("gij,lgj->lgi", parts.Luu, q_mu)  # [L, G_total, M]
-        return u[:, found["start"] : found["start"] + found["groups"]], found["Z"]  # [L, G, M], [M, E]
+        return jnp.zeros(())
 
-    computed = jax.jit(outputs_and_patches, compiler_options=QUICK_COMPILE_OPTIONS)(res.params)
-    if computed is None:
+    jax.eval_shape(locate, res.params)
+    if not found:
         raise InvalidArgumentError("res", f"model {res.spec.name!r} has no inducing patches")
-    u, Z = computed
-    kernel, M = found["kernel"], found["num_inducing"]
+    u, Z = _patch_outputs(res.family, res.params, jax.random.PRNGKey(res.seed), found["piece"], found["start"],
+                          found["groups"])
+    M = found["num_inducing"]
     outputs = np.moveaxis(np.asarray(u), 0, -1)  # [G, M, L]
-    h, w = kernel.patch_shape
-    patches = np.asarray(Z).reshape(M, h, w, kernel.patch_channels)  # [M, h, w, c]
+    h, w = found["patch_shape"]
+    patches = np.asarray(Z).reshape(M, h, w, found["channels"])  # [M, h, w, c]
     return InducingPatchOutputs(patches=patches, outputs=outputs)
+
+
+@family_jit(static_argnums=(3, 4, 5), compiler_options=QUICK_COMPILE_OPTIONS)
+def _patch_outputs(family, params, key, piece: int, start: int, groups: int):
+    """E_q[u] ``[L, groups, M]`` of the output groups ``start:start + groups`` and the inducing patches
+    ``[M, E]`` of additive part ``piece``."""
+    with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=key):
+        parts = family.parts()
+    L, total = parts.q_mu.shape[0], parts.Luu.shape[0]
+    inducing = _pieces(parts.kernel, parts.inducing)[piece][2]
+    q_mu = parts.q_mu.reshape(L, total, inducing.num_inducing)  # [L, G_total, M]
+    u = q_mu if not family.spec.whiten else jnp.einsum("gij,lgj->lgi", parts.Luu, q_mu)  # [L, G_total, M]
+    return u[:, start : start + groups], inducing.Z

@@ -37,6 +37,7 @@ from gpzoo.inference.compilation import adaptive_jit
 from gpzoo.inference.data import MemmapSource, check_new_inputs, check_new_source, validate_data
 from gpzoo.inference.deep_conv import DeepConvSVGP
 from gpzoo.inference.dkm_family import DeepKernelMachine, fit_dkm
+from gpzoo.inference.family import check_family_class
 from gpzoo.inference.inducing import InducingVariables
 from gpzoo.inference.invariant import InvariantSVGP
 from gpzoo.inference.linalg import float_dtype
@@ -56,31 +57,48 @@ __all__ = ["METHODS", "ElboCalls", "ElboEstimate", "FitResult", "Method", "Predi
 
 @dataclasses.dataclass(frozen=True)
 class Method:
-    """An inference method: the model family and the fitter that trains it.
+    """An inference method: the model family, the fitter that trains it, and what that fitter can do.
 
     ``family(spec, inducing, num_latent)`` builds the object holding ``model``/``guide`` for a
-    minibatch ``(X, y, num_data)`` (a family whose ``needs_data_indices`` is true also gets the
-    rows' training-set positions ``data_indices``); ``fitter(spec, X, y, family_class=family,
-    settings=FitSettings(...))`` trains it with :func:`fit`'s run settings and returns a :class:`FitResult`.
+    minibatch ``(X, y, num_data)`` (:class:`~gpzoo.inference.family.ModelFamily`; one whose
+    ``needs_data_indices`` is true also gets the rows' training-set positions ``data_indices``);
+    ``fitter(spec, X, y, family_class=family, settings=FitSettings(...))`` trains it with
+    :func:`fit`'s run settings and returns a :class:`FitResult`. ``data_parallel``: the fitter
+    splits minibatches across devices (``fit(devices=...)``); ``streams_data``: it reads its
+    minibatches from a :class:`~gpzoo.inference.data.MemmapSource`. A family class that does not
+    implement the interface is refused, by name.
     """
 
     family: type
     fitter: Callable[..., FitResult]
+    data_parallel: bool = False
+    streams_data: bool = False
+    name: str = ""
+
+    def __post_init__(self):
+        check_family_class(self.family, self.name or getattr(self.fitter, "__name__", "?"))
 
 
 #: Inference method name (``ModelSpec.method``) -> :class:`Method`.
 METHODS: dict[str, Method] = {
-    "svgp": Method(SVGP, fit_svi),
-    "invariant-svgp": Method(InvariantSVGP, fit_svi),
-    "svgp-logistic-pg": Method(SVGP, fit_pg_natgrad),
-    "deep-svgp": Method(DeepConvSVGP, fit_svi),
-    "dkm": Method(DeepKernelMachine, fit_dkm),
+    "svgp": Method(SVGP, fit_svi, data_parallel=True, streams_data=True, name="svgp"),
+    "invariant-svgp": Method(InvariantSVGP, fit_svi, data_parallel=True, streams_data=True, name="invariant-svgp"),
+    "svgp-logistic-pg": Method(SVGP, fit_pg_natgrad, name="svgp-logistic-pg"),
+    "deep-svgp": Method(DeepConvSVGP, fit_svi, data_parallel=True, streams_data=True, name="deep-svgp"),
+    "dkm": Method(DeepKernelMachine, fit_dkm, name="dkm"),
 }
 
 
-def register_method(name: str, family: type, fitter: Callable[..., FitResult] = fit_svi) -> None:
-    """Make ``ModelSpec(method=name)`` fit with ``fitter`` on model family ``family`` (default: SVI)."""
-    METHODS[name] = Method(family, fitter)
+def register_method(name: str, family: type, fitter: Callable[..., FitResult] = fit_svi, *,
+                    data_parallel: bool | None = None, streams_data: bool | None = None) -> None:
+    """Make ``ModelSpec(method=name)`` fit with ``fitter`` on model family ``family`` (default: SVI).
+
+    ``data_parallel`` / ``streams_data`` declare what the fitter can do (default: what SVI can, for
+    SVI, else nothing). ``family`` must implement :class:`~gpzoo.inference.family.ModelFamily`
+    (an ``InvalidArgumentError`` names what it lacks)."""
+    svi = fitter is fit_svi
+    METHODS[name] = Method(family, fitter, data_parallel=svi if data_parallel is None else bool(data_parallel),
+                           streams_data=svi if streams_data is None else bool(streams_data), name=name)
 
 
 def _method(spec: ModelSpec) -> Method:
@@ -145,15 +163,14 @@ def fit(
                            resume=resume, progress=progress, chunk_size=chunk_size, devices=devices)
     if y is None and not isinstance(X, MemmapSource):
         raise InvalidArgumentError("y", "pass the targets y (only a data source such as open_npy(X_path, y_path) carries its own)")
-    if method.fitter is not fit_svi:
-        fitter = getattr(method.fitter, "__name__", repr(method.fitter))
-        if devices is not None:
-            raise InvalidArgumentError("devices", f"model {spec.name!r} is fitted by {fitter}, which does not split "
-                                                  "minibatches across devices; data-parallel training applies to the "
-                                                  "models fitted by SVI (their ELBO data term is a sum over data points)")
-        if isinstance(X, MemmapSource):
-            raise InvalidArgumentError("X", f"model {spec.name!r} is fitted by {fitter}, which reads its data in memory; "
-                                            "pass arrays (a data source is read by the SVI fitter)")
+    fitter = getattr(method.fitter, "__name__", repr(method.fitter))
+    if devices is not None and not method.data_parallel:
+        raise InvalidArgumentError("devices", f"model {spec.name!r} is fitted by {fitter}, which does not split "
+                                              "minibatches across devices; data-parallel training applies to the "
+                                              "models fitted by SVI (their ELBO data term is a sum over data points)")
+    if isinstance(X, MemmapSource) and not method.streams_data:
+        raise InvalidArgumentError("X", f"model {spec.name!r} is fitted by {fitter}, which reads its data in memory; "
+                                        "pass arrays (a data source is read by the SVI fitter)")
     with threadpoolctl.threadpool_limits(1, user_api="blas"):
         return method.fitter(spec, X, y, family_class=method.family, settings=settings)
 
@@ -360,7 +377,7 @@ def elbo_calls(res: FitResult, X, y, *, training: bool, num_samples: int = 32, s
     ``abstract``: the hyperparameter draws are shapes only (nothing is sampled; for compiling ahead)."""
     family = res.family
     # per-datum parameters exist for training rows only; elsewhere such a family uses its default
-    with_indices = training and getattr(family, "needs_data_indices", False)
+    with_indices = training and family.needs_data_indices
     stochastic = family.stochastic_expectation or family.hyper_guide is not None
     S = num_samples if stochastic else 1
     keys = jax.random.split(jax.random.PRNGKey(seed), S)

@@ -28,6 +28,7 @@ from gpzoo.inference.compilation import AheadOfTime, adaptive_jit
 from gpzoo.inference.data import check_new_inputs
 from gpzoo.inference.guides import blockdiag_matvec, blockdiag_solve
 from gpzoo.inference.linalg import float_dtype
+from gpzoo.inference.programs import BLOCK_SIZES
 from gpzoo.inference.results import FitResult
 from gpzoo.models import draws
 from gpzoo.models.errors import InvalidArgumentError, ShapeError
@@ -173,7 +174,7 @@ def submit_programs(aot: AheadOfTime, tag, res: FitResult, num_draws: int, key, 
     args = _draw_arguments(res, S, key, hyper)
     if not summaries:
         aot.submit(tag, draw, *args)
-    u = jax.eval_shape(draw, *args)[0]
+    u = draw.eval_shape(*args)[0]
     seen = set()
     for X, y in inputs:
         X = check_new_inputs(res, X, "X")
@@ -224,14 +225,20 @@ def _conditional_all(family, params, hyper, u, X):
 def _moments_chunk(family, params, hyper, u, Xc):
     return _conditional_all(family, params, hyper, u, Xc)[:2]
 
+def _chunk_size(num_rows: int) -> int:
+    """Rows of every chunk: ``CHUNK_ROWS``, or for fewer rows the smallest padded block size that holds
+    them (:data:`~gpzoo.inference.programs.BLOCK_SIZES`), so a few shapes serve every test-set size."""
+    return min([CHUNK_ROWS] + [b for b in BLOCK_SIZES if b >= num_rows])
+
+
 def _num_chunks(X) -> int:
-    return -(-X.shape[0] // min(CHUNK_ROWS, X.shape[0]))
+    return -(-X.shape[0] // _chunk_size(X.shape[0]))
 
 def _chunks(X, *arrays):
-    """Row chunks of ``CHUNK_ROWS`` (the last padded by repeating row 0, so one shape compiles):
+    """Row chunks of :func:`_chunk_size` rows (the last padded by repeating row 0, so one shape compiles):
     yields (number of real rows, X chunk, other chunks)."""
     N = X.shape[0]
-    size = min(CHUNK_ROWS, N)
+    size = _chunk_size(N)
     for start in range(0, N, size):
         stop = min(start + size, N)
         idx = np.arange(start, start + size)
@@ -361,7 +368,7 @@ def summaries_supported(res: FitResult) -> bool:
     return (all(hasattr(family, name) for name in ("parts", "posterior", "prior", "predictive_moments", "kl",
                                                    "expected_log_lik", "data_term_inputs"))
             and family.hyper_guide is None and not family.stochastic_expectation
-            and not getattr(family, "needs_data_indices", False))
+            and not family.needs_data_indices)
 
 
 def _summary_inputs(res: FitResult, X, y):

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["BLOCK_SIZES", "ByIdentity", "CompileCounter", "FamilyDefinition", "cache_dir", "definition_of", "enable_persistent_cache",
-           "family_jit", "pad_rows", "row_blocks"]
+           "family_jit", "pad_rows", "persistent_cache", "row_blocks"]
 
 
 # ----------------------------------------------------------------------------- hashable definitions
@@ -140,12 +140,12 @@ class FamilyDefinition:
 
     def build(self, leaves):
         """The family with these array leaves (in :func:`definition_of`'s order)."""
-        it = iter(leaves)
-        merged = [next(it) if s is _DYNAMIC else (s.value if isinstance(s, ByIdentity) else _thaw(s)) for s in self.static_leaves]
-        kernel, likelihood, inducing = jax.tree_util.tree_unflatten(self.treedef, merged)
         spec, num_latent, original = self._template
         if original is not None:  # keyed by identity: the family itself (its values are compiled in)
             return original
+        it = iter(leaves)
+        merged = [next(it) if s is _DYNAMIC else (s.value if isinstance(s, ByIdentity) else _thaw(s)) for s in self.static_leaves]
+        kernel, likelihood, inducing = jax.tree_util.tree_unflatten(self.treedef, merged)
         family = self.family_class(dataclasses.replace(spec, kernel=kernel, likelihood=likelihood), inducing, num_latent)
         family._definition = (self, tuple(leaves))
         return family
@@ -176,8 +176,13 @@ def definition_of(family) -> tuple[FamilyDefinition, tuple]:
     spec_key = tuple((f.name, freeze(getattr(spec, f.name))) for f in dataclasses.fields(spec) if f.name not in _SPEC_EXCLUDED)
     key = (spec_key, int(family.num_latent), str(jnp.zeros(()).dtype))
     by_identity = getattr(family, "hyper_guide", None) is not None
+    try:
+        hash((treedef, tuple(static), key))
+    except TypeError:  # a static field that cannot be hashed (e.g. an array): programs compile per family object
+        by_identity = True
     if by_identity:
         key = key + (ByIdentity(family),)
+        treedef, static = ByIdentity(treedef), [ByIdentity(s) for s in static]
     definition = FamilyDefinition(type(family), treedef, tuple(static), key,
                                   (spec, family.num_latent, family if by_identity else None))
     cached = (definition, tuple(dynamic))
@@ -340,6 +345,8 @@ def enable_persistent_cache(path: str | os.PathLike | None = None, *, max_bytes:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError:
         return None
+    from jax.experimental.compilation_cache import compilation_cache  # noqa: PLC0415
+
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -347,4 +354,17 @@ def enable_persistent_cache(path: str | os.PathLike | None = None, *, max_bytes:
         jax.config.update("jax_compilation_cache_max_size", int(max_bytes))
     except AttributeError:  # pragma: no cover - older JAX without the size bound
         pass
+    compilation_cache.reset_cache()  # JAX opens its cache once per process, on the first compilation after this
     return folder
+
+
+def persistent_cache() -> Path | None:
+    """The persistent cache the command line and :func:`gpzoo.compare` compile into: the folder
+    already configured (``jax_compilation_cache_dir``, e.g. by the user), else the one
+    :func:`enable_persistent_cache` turns on (None when ``GPZOO_COMPILATION_CACHE=off``)."""
+    configured = jax.config.jax_compilation_cache_dir
+    if configured:
+        return Path(configured)
+    if not jax.config.jax_enable_compilation_cache:
+        return None
+    return enable_persistent_cache()

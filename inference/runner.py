@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from gpzoo.inference.checkpoint import check_config, load_checkpoint, read_config, rearm_sigint, save_checkpoint
+from gpzoo.inference.checkpoint import check_config, load_checkpoint, read_config, save_checkpoint
 from gpzoo.inference.data import MemmapSource, data_fingerprint
 from gpzoo.inference.linalg import float_dtype
 from gpzoo.inference.sharding import DataParallel, resolve_devices
@@ -263,7 +263,6 @@ def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, che
     last completed chunk (when it is not on disk yet) and propagates; a Ctrl-C during a checkpoint
     write is held until the write is complete (:mod:`gpzoo.inference.checkpoint`).
     """
-    rearm_sigint()
     checkpoint_every = checkpoint_every or max(1, steps // 10)
     if checkpoint_every < 1:
         raise InvalidArgumentError("checkpoint_every", f"must be a positive integer, got {checkpoint_every!r}")

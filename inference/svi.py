@@ -7,7 +7,7 @@ method table in :mod:`gpzoo.inference.fit` says which). The loop is :func:`gpzoo
 Its programs — the initial state, the chunk of steps, the parameter read-out — are module-level
 jitted functions whose static argument is an :class:`SviStep`: the model family's structure
 (:class:`~gpzoo.inference.programs.FamilyDefinition`) and the optimiser's. The data, the number
-of data points, the family's initial values, the seed's key and the learning rate are array
+of data points, the family's initial values, the PRNG key and the learning rate are array
 arguments (the default Adam reads its learning rate from its state,
 ``optax.inject_hyperparams``), so every fit of one structure runs the programs the first
 compiled.
@@ -41,7 +41,7 @@ __all__ = ["SviStep", "fit_svi"]
 
 def index_kwargs(family, batch_idx) -> dict:
     """``{"data_indices": batch_idx}`` for families that read training-set row indices, else ``{}``."""
-    return {"data_indices": batch_idx} if getattr(family, "needs_data_indices", False) else {}
+    return {"data_indices": batch_idx} if family.needs_data_indices else {}
 
 
 #: Constrain functions (unconstrained -> constrained parameters) of each step structure, recorded
@@ -171,7 +171,7 @@ def fit_svi(spec, X, y, *, family_class, settings: FitSettings) -> FitResult:
         schedule=ByIdentity(learning_rate) if optimizer is None and callable(learning_rate) else None,
         from_source=source is not None, split_loss=split_loss,
         parallel=None if parallel is None else ByIdentity(parallel),
-        num_data=N if (parallel is not None or getattr(family, "needs_data_indices", False)) else None,
+        num_data=N if (parallel is not None or family.needs_data_indices) else None,
     )
     batches = BatchSchedule(N, B, seed)
     init_idx = batches(0)

@@ -58,6 +58,8 @@ class FitOptions:
     compile_cache: Path | None = None
     #: the cache is shared by several processes at once (Ray actors): lock it around reads and writes
     shared_cache: bool = False
+    #: the cache outlives the run (the user's, :func:`gpzoo.inference.programs.persistent_cache`): never removed
+    keep_compile_cache: bool = False
 
 
 @contextlib.contextmanager

@@ -69,8 +69,15 @@ def _suite_compilation_cache(tmp_path_factory):
     folder = _test_run_folder(tmp_path_factory) / f"jax-compilation-cache-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
     previous = _cache_settings({"jax_compilation_cache_dir": str(folder), "jax_persistent_cache_min_compile_time_secs": 0.0,
                                 "jax_persistent_cache_min_entry_size_bytes": 0, "jax_compilation_cache_max_size": -1})
+    # the command lines the tests start use their own cache of this run, never the user's
+    environment = os.environ.get("GPZOO_COMPILATION_CACHE")
+    os.environ["GPZOO_COMPILATION_CACHE"] = str(folder.parent / f"cli-compilation-cache-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}")
     yield folder
     _cache_settings(previous)
+    if environment is None:
+        os.environ.pop("GPZOO_COMPILATION_CACHE", None)
+    else:
+        os.environ["GPZOO_COMPILATION_CACHE"] = environment
 
 
 @pytest.fixture

@@ -97,7 +97,7 @@ def _child() -> dict:
                  "dtype": str(np.asarray(two.params["q_mu"]).dtype)}
             if precision == "float32":  # the collectives do not depend on the precision
                 program, state = captured["program"], captured["state"]
-                update = jax.jit(program.update).lower(state, program.step_inputs(0), program.constants).compile()
+                update = jax.jit(program.step.update).lower(state, program.step_inputs(0), program.constants).compile()
                 r["collectives"] = count_collectives(update.as_text())
             if name != "softmax":
                 family, params = one.family, {k: jax.numpy.asarray(v) for k, v in one.params.items()}

@@ -72,7 +72,7 @@ class _Compiles(logging.Handler):
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """A small binary SVGP fitted once and saved; every ``load`` of it is a fresh family with no compiled program."""
+    """A small binary SVGP fitted once and saved."""
     X, y = _binary(30, 0)
     path = tmp_path_factory.mktemp("fit") / "m"
     save(fit(zoo.get("svgp-rbf", input_dim=1, task="binary", num_inducing=5), X, y, steps=30, progress=False), path)
@@ -95,14 +95,16 @@ def saved_softmax(tmp_path_factory):
 @pytest.mark.usefixtures("precision")
 def test_every_report_program_compiles_once_ahead_of_its_call(saved):
     X_test, y_test = _binary(15, 1)
-    res = load(saved)  # a fresh family: none of its programs is compiled yet
+    res = load(saved)
+    jax.clear_caches()  # none of its programs is compiled yet
     assert summaries_supported(res)  # analytic (probit quadrature) data term, type-II hyperparameters
     with _Compiles() as ahead, AheadOfTime(2) as aot:
         submit_elbo_programs(aot, "m", res, num_samples=4, seed=0)
         submit_datatree_programs(aot, "m", res, X_test, y_test, num_draws=30, seed=0)
         aot.wait("m")
-    # one program per chunk shape (30 training and 15 test rows: two) for draws, moments and ELBO terms
-    assert ahead.report_programs() == {**dict.fromkeys(REPORT_PROGRAMS, 0), "_summary_chunk": 2, "_ell_and_kl": 1}
+    # one program per padded block shape (30 training and 15 test rows: both in 64-row blocks) for draws,
+    # moments and ELBO terms
+    assert ahead.report_programs() == {**dict.fromkeys(REPORT_PROGRAMS, 0), "_summary_chunk": 1, "_ell_and_kl": 1}
     with _Compiles() as later:
         dt = to_datatree(res, X_test, y_test, num_draws=30, seed=0)
         estimate = elbo_estimates({"m": res}, num_samples=4, seed=0)["m"]
@@ -114,12 +116,14 @@ def test_separate_programs_of_a_monte_carlo_model_compile_ahead_too(saved_softma
     path, X_test = saved_softmax
     y_test = np.digitize(X_test[:, 0], [-1.0, 1.0]).astype(np.int64)
     res = load(path)
+    jax.clear_caches()  # none of its programs is compiled yet
     assert not summaries_supported(res)  # softmax: Monte Carlo expectations
     with _Compiles() as ahead, AheadOfTime(2) as aot:
         submit_elbo_programs(aot, "m", res, num_samples=3, seed=0)
         submit_datatree_programs(aot, "m", res, X_test, y_test, num_draws=30, seed=0)
         aot.wait("m")
-    assert ahead.report_programs() == {**dict.fromkeys(REPORT_PROGRAMS, 0), "_draw_inducing": 1, "_pointwise_chunk": 2,
+    # 30 training and 12 test rows share one 64-row block shape
+    assert ahead.report_programs() == {**dict.fromkeys(REPORT_PROGRAMS, 0), "_draw_inducing": 1, "_pointwise_chunk": 1,
                                        "_moments": 1, "_ell_and_kl": 1}
     with _Compiles() as later:
         dt, elbo = datatree_and_elbo(res, X_test, y_test, num_draws=30, seed=0)
@@ -195,7 +199,8 @@ def test_report_is_the_same_with_and_without_ahead_of_time_compilation(saved, tm
     X_test, y_test = _binary(20, 3)
     outputs = {}
     for workers in (0, 2):
-        results = {"a": load(saved)}  # fresh families: each report compiles its own programs
+        results = {"a": load(saved)}
+        jax.clear_caches()  # each report compiles its own programs
         out = tmp_path / f"report{workers}"
         report(results, out, X_test=X_test, y_test=y_test, num_draws=30, num_elbo_samples=4, compile_workers=workers)
         outputs[workers] = _report_files(out)

@@ -44,18 +44,13 @@ its gradients are a few scalars per image. Equal patches have equal rows in the 
 with a background (MNIST: ~40% of its 5×5 patches are blank; rectangles: ~80% of 3×3) is swept
 over its distinct patches with summed weights (``kff_method="distinct"``, the default on CPU):
 exact, with work that follows the distinct patches. Other base kernels use row blocks under
-``jax.checkpoint`` (same memory bound, recomputation in the backward pass). A program traced
-under :func:`few_calls` (one that runs a few times, such as a report's quick builds in
-:mod:`gpzoo.inference.compilation`) takes the band sweep instead: the distinct sweep's program
-(a sort and two nested conditionals around both sweeps) costs more to compile than it saves in
-a few calls — for the rectangles report program 2.46 s of CPU to compile against 1.77–2.00 s, and
-about 0.04 s of CPU less to run per chunk of 256 images.
+``jax.checkpoint`` (same memory bound, recomputation in the backward pass). The choice is the
+kernel's static ``kff_method`` field, part of its structure: a compiled program never depends on
+anything else.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import functools
 import math
@@ -84,7 +79,6 @@ __all__ = [
     "MultiChannelConvolutional",
     "WeightedConvolutional",
     "extract_patches",
-    "few_calls",
     "patch_gram_sum",
     "patch_sqdist",
     "se_patch_cross_sum",
@@ -97,18 +91,6 @@ KUF_METHODS = ("auto", "fused", "autodiff")
 #: Target number of elements of one ``[R, block, P]`` tile of the Kff diagonal (see benchmarks/conv_kernels.py).
 KFF_TILE_ELEMENTS = 2**22
 _HIGHEST = jax.lax.Precision.HIGHEST  # distances by expansion need full-precision dots (no TF32 on GPUs)
-_FEW_CALLS = contextvars.ContextVar("gpzoo_few_calls", default=False)
-
-
-@contextlib.contextmanager
-def few_calls():
-    """Trace programs that will run only a few times: ``kff_method="auto"`` then takes the band
-    sweep, whose program compiles faster than the distinct-patch sweep's (module docstring)."""
-    token = _FEW_CALLS.set(True)
-    try:
-        yield
-    finally:
-        _FEW_CALLS.reset(token)
 
 
 # ----------------------------------------------------------------------------- patches
@@ -666,13 +648,12 @@ def patch_gram_sum(kernel: Kernel, patches, weights, method: str = "auto", block
     sweep), ``"distinct"`` (the same, each image over its distinct patches when they are few),
     ``"checkpoint"`` (any kernel, row blocks under ``jax.checkpoint``), ``"naive"`` (materialises
     ``[R, P, P]``; the reference for tests and benchmarks) or ``"auto"`` (for SE: distinct on CPU,
-    where images are swept one at a time anyway, fused on accelerators and under
-    :func:`few_calls`; else checkpoint).
+    where images are swept one at a time anyway, fused on accelerators; else checkpoint).
     """
     kernel = kernel.resolved()
     weights = jnp.broadcast_to(weights, patches.shape[:2])  # [R, P]
     if method == "auto":
-        distinct = jax.default_backend() == "cpu" and not _FEW_CALLS.get()
+        distinct = jax.default_backend() == "cpu"
         method = ("distinct" if distinct else "fused") if is_plain_se(kernel) else "checkpoint"
     if method in ("fused", "distinct"):
         if not is_plain_se(kernel):
@@ -699,23 +680,17 @@ def _is_fast_stationary(kernel) -> bool:
 
 # ----------------------------------------------------------------------------- kernels
 def evaluate_sweep(kernel, method: str, *args):
-    """``kernel.<method>(*args)`` compiled once per kernel structure, argument shapes and
-    :func:`few_calls` state (part of the cache key, so a trace made in one state is never reused
-    in the other).
+    """``kernel.<method>(*args)`` compiled once per kernel structure and argument shapes.
 
     Eager calls (notebooks, tests) then reuse the compiled row-block scans instead of tracing
     them again on every call; inside an outer trace (``fit``) this is an ordinary nested call.
     """
-    return _evaluate_sweep(kernel, method, _FEW_CALLS.get(), *args)
+    return _evaluate_sweep(kernel, method, *args)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _evaluate_sweep(kernel, method: str, few: bool, *args):
-    token = _FEW_CALLS.set(few)
-    try:
-        return getattr(kernel, method)(*args)
-    finally:
-        _FEW_CALLS.reset(token)
+@functools.partial(jax.jit, static_argnums=1)
+def _evaluate_sweep(kernel, method: str, *args):
+    return getattr(kernel, method)(*args)
 
 
 def check_patch_weights(value, expected: tuple[int, ...], name: str) -> None:
