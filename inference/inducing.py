@@ -211,12 +211,24 @@ _refuse_other_kernels(InducingPatches, "inducing patches need a convolutional ke
 PATCH_POOL_SIZE = 20_000
 
 
+def _unique_rows(rows: np.ndarray) -> np.ndarray:
+    """``np.unique(rows, axis=0)``, faster: exact duplicates are dropped first by comparing each row's
+    bytes (one sort of fixed-size byte strings), then the few distinct rows are sorted as numbers
+    (which also merges -0.0 with 0.0). The same rows in the same order."""
+    rows = np.ascontiguousarray(rows)
+    if rows.ndim != 2 or rows.shape[0] == 0 or rows.shape[1] == 0:
+        return np.unique(rows, axis=0)
+    as_bytes = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
+    first = np.unique(as_bytes, return_index=True)[1]
+    return np.unique(rows[np.sort(first)], axis=0)
+
+
 def _distinct_patches(kernel: ConvolutionalKernel, X: np.ndarray, rng: np.random.Generator, enough: int) -> np.ndarray:
     """Distinct patches ``[K, E]`` of images taken in random order, until ``enough`` are found or X ends."""
     pool = np.zeros((0, kernel.patch_dim), X.dtype)  # [K, E]
     for chunk in np.array_split(rng.permutation(X.shape[0]), max(1, X.shape[0] // 128)):
         patches = np.asarray(kernel.inducing_space_patches(X[chunk]))  # [n*S*P, E]
-        pool = np.unique(np.concatenate([pool, np.unique(patches, axis=0)]), axis=0)  # [K, E]
+        pool = _unique_rows(np.concatenate([pool, _unique_rows(patches)]))  # [K, E]
         if pool.shape[0] >= enough:
             break
     return pool

@@ -37,6 +37,7 @@ from gpzoo.inference.elbo import EXPECTED_LOG_LIK, INDUCING_SITE_KEY, LATENT_SIT
 from gpzoo.inference.guides import InducingPosterior, InducingPrior, conditional, variational_params
 from gpzoo.inference.inducing import InducingVariables, Kuf, Kuu
 from gpzoo.inference.linalg import cholesky_with_jitter
+from gpzoo.inference.programs import definition_of
 from gpzoo.models.errors import InvalidArgumentError
 from gpzoo.models.zoo import ModelSpec
 
@@ -225,7 +226,13 @@ class SVGP:
             return cholesky_with_jitter(Kuu(inducing, kernel), self.spec.jitter)[1]
 
     def check_analytic_kl(self) -> None:
-        """Raise ``TypeError`` unless KL[q(u) || p(u)] is analytic (no silent Monte Carlo fallback)."""
+        """Raise ``TypeError`` unless KL[q(u) || p(u)] is analytic (no silent Monte Carlo fallback).
+
+        Checked once per model structure (the KL's dispatch depends on nothing else)."""
+        definition = definition_of(self)[0]
+        if definition in _ANALYTIC_KL:
+            return
+
         def kl():
             with numpyro.handlers.seed(rng_seed=0), numpyro.handlers.block():
                 parts = self.parts()
@@ -235,6 +242,7 @@ class SVGP:
             jax.eval_shape(kl)  # traced only: the dispatch happens at trace time
         except NotImplementedError as exc:  # pragma: no cover - guards future families
             raise TypeError(f"no analytic KL registered for the inducing site of {self.spec.name!r}") from exc
+        _ANALYTIC_KL.add(definition)
 
     def _init_unwhitened_sqrt(self):
         """chol Kuu at the initial hyperparameters (q(u) starts at the prior), or the identity."""
@@ -242,6 +250,10 @@ class SVGP:
             return None
         K = Kuu(self.inducing.resolved(), self.spec.kernel.resolved())
         return cholesky_with_jitter(K, self.spec.jitter)[0]
+
+
+#: Model structures whose KL[q(u) || p(u)] was found analytic (:meth:`SVGP.check_analytic_kl`).
+_ANALYTIC_KL: set = set()
 
 
 def data_plate(num_data, batch: int):

@@ -211,3 +211,15 @@ def test_a_fit_on_warm_programs_equals_a_fit_in_a_fresh_process(name, float32, t
     np.testing.assert_array_equal(fresh["objective"], warm.objective_history)
     for key, value in warm.params.items():
         np.testing.assert_array_equal(fresh[key.replace(".", "__")], value, err_msg=key)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_unique_rows_equals_numpys_unique_along_rows(dtype):
+    from gpzoo.inference.inducing import _unique_rows  # noqa: PLC0415
+
+    rng = np.random.default_rng(0)
+    rows = (rng.random((5000, 9)) < 0.3) * rng.integers(0, 3, (5000, 9)) / 2.0
+    rows[:7] = -0.0  # equal to 0.0 as numbers, not as bytes
+    rows = rows.astype(dtype)
+    np.testing.assert_array_equal(_unique_rows(rows), np.unique(rows, axis=0))
+    assert _unique_rows(rows).shape[0] < 5000
