@@ -152,6 +152,11 @@ def fit(
     multiple of the device count). It applies to the models fitted by SVI, whose data term is a
     sum over data points; the Pólya–Gamma natural-gradient and deep-kernel-machine fitters refuse it.
 
+    Compiled once per model structure: a second fit of the same structure (other data of the same
+    shape, seed, step count or learning rate) runs the programs the first compiled
+    (:mod:`gpzoo.inference.programs`). A custom ``optimizer`` or learning-rate schedule is part of
+    that structure by identity: pass the same object again to reuse the programs.
+
     ``spec.method == "svgp-logistic-pg"`` is fitted by Pólya–Gamma natural gradients
     (``optimizer``/``learning_rate`` then drive the hyperparameter steps). OpenBLAS runs
     single-threaded during the fit: on a small shared machine its threads made the Cholesky
