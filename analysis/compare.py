@@ -29,8 +29,7 @@ from matplotlib.figure import Figure
 
 from gpzoo.analysis.datatree import LOO_VAR_NAME
 from gpzoo.analysis.display import new_figure
-from gpzoo.inference.data import validate_data
-from gpzoo.inference.fit import elbo_calls, evaluate_elbo
+from gpzoo.inference.fit import evaluate_elbo
 from gpzoo.inference.results import FitResult
 from gpzoo.models.errors import InvalidArgumentError
 
@@ -53,7 +52,6 @@ __all__ = [
     "ranking_reversals",
     "seed_reversals",
     "seed_summary",
-    "submit_elbo_programs",
 ]
 
 
@@ -105,15 +103,6 @@ def elbo_entry(est, num_data: int) -> dict:
     """One :func:`elbo_estimates` entry from an ``ElboEstimate`` on ``num_data`` points."""
     return {"elbo": est.elbo, "elbo_se": est.stderr, "expected_log_lik": est.expected_log_lik,
             "kl": est.kl, "num_data": int(num_data), "num_samples": est.num_samples}
-
-
-def submit_elbo_programs(aot, tag, res: FitResult, *, num_samples: int = 32, seed: int = 0) -> None:
-    """Queue on ``aot`` (a :class:`gpzoo.inference.compilation.AheadOfTime`) the compilation of the
-    program that :func:`elbo_estimates` runs for ``res`` on its training data (``evaluate_elbo``'s
-    first call, batch size 512)."""
-    X, y = validate_data(res.spec, res.X_train, res.y_train)
-    calls = elbo_calls(res, X, y, training=True, num_samples=num_samples, seed=seed, abstract=True)
-    aot.submit(tag, calls.program, *calls.args(0, 0))
 
 
 def elbo_table(estimates: Mapping[str, Mapping]) -> pd.DataFrame:

@@ -79,17 +79,14 @@ import numpy as np
 import xarray as xr
 from arviz_base import from_dict
 
-from gpzoo.inference.compilation import AheadOfTime
-from gpzoo.inference.data import check_new_inputs
-from gpzoo.inference.fit import predict, predict_calls
-from gpzoo.inference.posterior import (draws_and_summaries, pointwise_given_u, sample_inducing, submit_programs,
-                                      summaries_supported)
+from gpzoo.inference.fit import predict
+from gpzoo.inference.posterior import draws_and_summaries, pointwise_given_u, sample_inducing, summaries_supported
 from gpzoo.inference.results import FIXED, SAMPLED, TYPE_II, ElboEstimate, FitResult, Prediction
 from gpzoo.models.errors import GPZooError, InvalidArgumentError, ShapeError
 from gpzoo.models.parameters import Parameterised
 
-__all__ = ["LOO_VAR_NAME", "MAX_STORED_FEATURES", "MIN_DRAWS", "datatree_and_elbo", "heldout_view", "submit_datatree_programs",
-           "to_datatree", "variable_name"]
+__all__ = ["LOO_VAR_NAME", "MAX_STORED_FEATURES", "MIN_DRAWS", "datatree_and_elbo", "heldout_view", "to_datatree",
+           "variable_name"]
 
 #: Inputs with at most this many columns are stored in ``constant_data``; wider ones (images) are not.
 MAX_STORED_FEATURES = 64
@@ -264,22 +261,6 @@ def datatree_and_elbo(res: FitResult, X_test, y_test, *, num_draws: int = 200, s
         _record_site(sites, var, site)
     dt.attrs["site_names"] = json.dumps(sites)
     return dt, elbo
-
-
-def submit_datatree_programs(aot: AheadOfTime, tag, res: FitResult, X_test, y_test, *, num_draws: int = 200,
-                             seed: int = 0, include_train: bool = True) -> None:
-    """Queue on ``aot`` the compilation of the programs ``to_datatree(res, X_test, y_test, ...)`` runs
-    with the same arguments: either the one program per chunk of :func:`datatree_and_elbo`, or the
-    draws of q, the pointwise log-likelihoods of the test (and training) points and
-    :func:`gpzoo.inference.predict` on the test set (its first chunk's program)."""
-    key_u = jax.random.split(jax.random.PRNGKey(seed), 3)[0]
-    inputs = [(X_test, y_test)] + ([(res.X_train, res.y_train)] if include_train else [])
-    summaries = summaries_supported(res)
-    submit_programs(aot, tag, res, int(num_draws), key_u, inputs, summaries=summaries)
-    if not summaries:  # what predict(res, X_test, seed=seed) calls (batch_size 512, num_hyper_samples 16)
-        X_new = check_new_inputs(res, X_test)
-        calls = predict_calls(res, X_new.shape[0], X_new.__getitem__, seed=seed, abstract=True)
-        aot.submit(tag, calls.program, *calls.args(0))
 
 
 def heldout_view(dt: xr.DataTree) -> xr.DataTree:

@@ -144,8 +144,7 @@ def _save_figure(fig, path: Path, *, tight: bool = True) -> Path:
 
 # ----------------------------------------------------------------------------- report
 def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset=None, num_draws: int = 200,
-           num_elbo_samples: int = 32, seed: int = 0, progress: bool = False, groups: Mapping[str, str] | None = None,
-           compile_workers: int | None = None) -> Path:
+           num_elbo_samples: int = 32, seed: int = 0, progress: bool = False, groups: Mapping[str, str] | None = None) -> Path:
     """Write the full report of ``results`` (fitted on the same training data) to ``out_dir``.
 
     ``X_test``/``y_test`` are the held-out points; ``dataset`` (an ``analysis.datasets.Dataset``,
@@ -153,28 +152,22 @@ def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset
     over the models (on stderr). ``groups`` maps each entry of ``results`` to a model name when
     entries are the same model fitted with different seeds (``FitResult.seed``): the report then
     also summarises every model over its seeds (mean ± s.d.) and its verdict uses the seed spread.
-    ``compile_workers`` threads compile the programs of every model ahead of their use
-    (:class:`gpzoo.inference.compilation.AheadOfTime`; 0: each compiles on its first call; None:
-    :func:`~gpzoo.inference.compilation.idle_compile_workers`, the cores idle now less this
-    thread's, at most 2); the report is the same either way. A model with fixed or point-estimated
+    Its programs are compiled once per model structure (:mod:`gpzoo.inference.programs`): a second
+    report of a model of the same structure compiles nothing. A model with fixed or point-estimated
     hyperparameters and an analytic data term runs one program per chunk of rows for its posterior
     draws, pointwise log-likelihoods, test-set predictive and exact ELBO
     (:func:`gpzoo.analysis.datatree.datatree_and_elbo`); any other model's ELBO is estimated from
     ``num_elbo_samples`` Monte Carlo samples (``evaluate_elbo``). Returns the path of ``report.html``.
     """
     from gpzoo.analysis.compare import (  # noqa: PLC0415 - JAX-heavy
-        check_common_training_data, elbo_entry, elbo_estimates, loo_approximate, submit_elbo_programs)
-    from gpzoo.analysis.datatree import datatree_and_elbo, submit_datatree_programs  # noqa: PLC0415
-    from gpzoo.inference.compilation import AheadOfTime, idle_compile_workers  # noqa: PLC0415
+        check_common_training_data, elbo_entry, elbo_estimates, loo_approximate)
+    from gpzoo.analysis.datatree import datatree_and_elbo  # noqa: PLC0415
     from gpzoo.inference.posterior import summaries_supported  # noqa: PLC0415
 
     if not isinstance(results, Mapping) or not results:
         raise InvalidArgumentError("results", "expected a non-empty dict {name: FitResult}")
     if groups is not None and (not isinstance(groups, Mapping) or set(groups) != set(results)):
         raise InvalidArgumentError("groups", "expected a dict {result name: model name} with an entry for every result")
-    if compile_workers is not None and (isinstance(compile_workers, bool) or not isinstance(compile_workers, (int, np.integer))
-                                        or compile_workers < 0):
-        raise InvalidArgumentError("compile_workers", f"must be None or a non-negative integer, got {compile_workers!r}")
     check_common_training_data(results)
     out = _prepare_dir(out_dir)
     files = unique_file_stems(list(results))
@@ -182,16 +175,7 @@ def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset
     # models whose ELBO comes out of the DataTree's own pass over the training data (exact, one
     # program per chunk); the others' ELBO is estimated separately (Monte Carlo, sampled hyperparameters)
     separate = {name: res for name, res in results.items() if not summaries_supported(res)}
-    workers = idle_compile_workers() if compile_workers is None else int(compile_workers)
-    with AheadOfTime(workers) as aot, \
-            tqdm(total=len(results) + 1, desc="report", unit="model", disable=not progress, leave=False) as bar:
-        if workers:  # lowered here in turn, compiled by the workers while the report goes on
-            bar.set_postfix_str("compiling")
-            for name, res in separate.items():
-                _submit(submit_elbo_programs, aot, "elbo", res, num_samples=num_elbo_samples, seed=seed)
-            for name, res in results.items():
-                _submit(submit_datatree_programs, aot, name, res, X_test, y_test, num_draws=num_draws, seed=seed)
-        # first what needs no compiled program (parameter tables, patch figures), while they compile
+    with tqdm(total=len(results) + 1, desc="report", unit="model", disable=not progress, leave=False) as bar:
         facts = {}
         for name, res in results.items():
             facts[name] = {"header": res.header(), "parameters": res.summary().reset_index().to_dict(orient="records")}
@@ -200,19 +184,17 @@ def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset
                 path = _save_figure(patches, out / "figures" / f"patches_{files[name]}.png", tight=False)
                 static_figures[name] = [path.name]
         bar.set_postfix_str("ELBO estimates")
-        aot.wait("elbo")
         estimates = elbo_estimates(separate, num_samples=num_elbo_samples, seed=seed) if separate else {}
         bar.update()
         for name, res in results.items():
             bar.set_postfix_str(name)
             stem = files[name]
-            aot.wait(name)
             dt, elbo = datatree_and_elbo(res, X_test, y_test, num_draws=num_draws, seed=seed)
             trees[name] = dt
             if name not in estimates:
                 estimates[name] = elbo_entry(elbo, res.num_data)
             write_datatree(dt, out / "models" / f"{stem}.nc")
-            loos[name] = loo_approximate(dt)  # here, while the next model's program may still compile
+            loos[name] = loo_approximate(dt)
             _write_json(out / "models" / f"{stem}.json", {
                 "model": name,
                 "spec_name": res.spec.name,
@@ -239,13 +221,6 @@ def report(results: Mapping[str, FitResult], out_dir, *, X_test, y_test, dataset
     _write_json(out / "report.json", info)
     return _rebuild(out, trees, loos)
 
-
-def _submit(submit, aot, tag, *args, **kwargs) -> None:
-    """Queue ahead-of-time compilations; bad arguments are left to the call that uses them (its typed error)."""
-    try:
-        submit(aot, tag, *args, **kwargs)
-    except GPZooError:
-        pass
 
 
 def unique_file_stems(names: list[str]) -> dict[str, str]:

@@ -658,6 +658,14 @@ def _compile_once(report: dict) -> list[str]:
         lines += [f"`{' '.join(settings['main_job'])}`, each run a fresh process. Goals: under {num(goals['main_job_cold_s'])} s "
                   f"({yes_no(met['cold'])}), under {num(goals['main_job_warm_s'])} s with the cache warm ({yes_no(met['warm'])}).", ""]
         lines += table(["run", "command (s)", "fit phase (s)", "report phase (s)", "load (1 min)"], rows) + [""]
+    aot = report.get("ahead_of_time")
+    if aot:
+        rows = [[str(i + 1), num(r["workers_0_s"]), num(r["workers_2_s"]), num(r["load"])] for i, r in enumerate(aot["repeats"])]
+        version = f" (measured with {aot['version']}, the version that still had them)" if aot.get("version") else ""
+        lines += [f"The report phase of that job's three models with the persistent cache warm, each repeat a fresh process: "
+                  f"compiling its programs ahead of their first call on 2 threads against none{version}. Median saving "
+                  f"{pct(aot['saving'])} (kept if ≥ 10 %: {yes_no(aot['keep'])}).", ""]
+        lines += table(["repeat", "no compile threads (s)", "2 compile threads (s)", "load (1 min)"], rows) + [""]
     return lines + [f"Device: {device_of(report)}; date: {report.get('created', 'not recorded')}; load average "
                     f"{num(report['machine']['load_average_start'][0])} at the start, {num(report['load_average_end'][0])} at the end."]
 

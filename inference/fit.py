@@ -235,12 +235,11 @@ def predict(res: FitResult, X_new, *, num_samples: int = 0, seed: int = 0, batch
 class PredictCalls:
     """The calls :func:`predict` makes of its compiled program: ``program(*args(i))`` for chunk ``i``
     of ``slices``, its rows padded to ``sizes[i]`` (:func:`~gpzoo.inference.programs.row_blocks`;
-    the caller keeps the first ``len(slices[i])`` rows of each result). Built by :func:`predict_calls`, for ``predict`` itself and for compiling the
-    program ahead of its first call (``gpzoo.inference.compilation.AheadOfTime``)."""
+    the caller keeps the first ``len(slices[i])`` rows of each result). Built by :func:`predict_calls`."""
 
     program: Callable
     res: FitResult
-    hyper: dict  # site -> [H, ...] draws of sampled hyperparameters (shapes only when abstract); {} if none
+    hyper: dict  # site -> [H, ...] draws of sampled hyperparameters; {} if none
     key: jax.Array
     slices: list
     rows_of: Callable  # slice -> rows of the inputs
@@ -255,15 +254,11 @@ class PredictCalls:
 
 
 def predict_calls(res: FitResult, num_rows: int, rows_of: Callable, *, seed: int = 0, batch_size: int = 512,
-                  num_hyper_samples: int = 16, abstract: bool = False) -> PredictCalls:
+                  num_hyper_samples: int = 16) -> PredictCalls:
     """The program and per-chunk arguments of ``predict(res, X, seed=seed, batch_size=batch_size,
-    num_hyper_samples=num_hyper_samples)`` for validated inputs of ``num_rows`` rows read by ``rows_of``.
-    ``abstract``: the hyperparameter draws are shapes only (nothing is sampled; for compiling ahead)."""
+    num_hyper_samples=num_hyper_samples)`` for validated inputs of ``num_rows`` rows read by ``rows_of``."""
     key_h, _, key_p = jax.random.split(jax.random.PRNGKey(seed), 3)
-    if abstract:
-        hyper = jax.eval_shape(lambda k: _hyper_draws(res, k, num_hyper_samples), key_h)
-    else:
-        hyper = _hyper_draws(res, key_h, num_hyper_samples)
+    hyper = _hyper_draws(res, key_h, num_hyper_samples)
     blocks = list(row_blocks(num_rows, batch_size))
     program = (_mixture_moments if hyper else _moments).optimised  # one build whatever the number of rows
     return PredictCalls(program, res, hyper, key_p, [b[0] for b in blocks], rows_of, [b[1] for b in blocks])
@@ -346,8 +341,8 @@ def evaluate_elbo(res: FitResult, X=None, y=None, *, num_samples: int = 32, seed
 @dataclasses.dataclass(frozen=True)
 class ElboCalls:
     """The calls :func:`evaluate_elbo` makes of its compiled program: ``program(*args(s, i))`` for
-    draw ``s`` < ``num_draws`` and row slice ``i`` of ``slices``. Built by :func:`elbo_calls`, for
-    ``evaluate_elbo`` itself and for compiling the program ahead of its first call."""
+    draw ``s`` < ``num_draws`` and row slice ``i`` of ``slices`` (padded to ``sizes[i]`` rows, masked).
+    Built by :func:`elbo_calls`."""
 
     program: Callable
     res: FitResult
@@ -355,7 +350,7 @@ class ElboCalls:
     y: np.ndarray
     num_draws: int
     stochastic: bool
-    hyper: dict  # site -> [S, ...] draws of sampled hyperparameters (shapes only when abstract); {} if none
+    hyper: dict  # site -> [S, ...] draws of sampled hyperparameters; {} if none
     keys: jax.Array  # [S] one key per draw
     slices: list
     with_indices: bool
@@ -363,8 +358,7 @@ class ElboCalls:
 
     def hyper_draw(self, s: int) -> dict:
         """Draw ``s`` of the sampled hyperparameters."""
-        return {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) if isinstance(v, jax.ShapeDtypeStruct) else v[s]
-                for k, v in self.hyper.items()}
+        return {k: v[s] for k, v in self.hyper.items()}
 
     def args(self, s: int, i: int) -> tuple:
         sl, size = self.slices[i], self.sizes[i]
@@ -375,21 +369,17 @@ class ElboCalls:
                 self.res.num_data if self.with_indices else None)
 
 
-def elbo_calls(res: FitResult, X, y, *, training: bool, num_samples: int = 32, seed: int = 0, batch_size: int = 512,
-               abstract: bool = False) -> ElboCalls:
+def elbo_calls(res: FitResult, X, y, *, training: bool, num_samples: int = 32, seed: int = 0,
+               batch_size: int = 512) -> ElboCalls:
     """The program and per-call arguments of :func:`evaluate_elbo` on validated data (X, y);
-    ``training``: they are the training data (per-datum parameters are read at their rows).
-    ``abstract``: the hyperparameter draws are shapes only (nothing is sampled; for compiling ahead)."""
+    ``training``: they are the training data (per-datum parameters are read at their rows)."""
     family = res.family
     # per-datum parameters exist for training rows only; elsewhere such a family uses its default
     with_indices = training and family.needs_data_indices
     stochastic = family.stochastic_expectation or family.hyper_guide is not None
     S = num_samples if stochastic else 1
     keys = jax.random.split(jax.random.PRNGKey(seed), S)
-    if abstract:
-        hyper = jax.eval_shape(lambda k: _hyper_draws(res, k, S), jax.random.PRNGKey(seed + 1))
-    else:
-        hyper = _hyper_draws(res, jax.random.PRNGKey(seed + 1), S)
+    hyper = _hyper_draws(res, jax.random.PRNGKey(seed + 1), S)
     blocks = list(row_blocks(X.shape[0], batch_size))
     return ElboCalls(_ell_and_kl.optimised, res, X, y, S, stochastic, hyper, keys, [b[0] for b in blocks], with_indices,
                      [b[1] for b in blocks])

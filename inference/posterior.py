@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.handlers import condition, seed, substitute, trace
 
-from gpzoo.inference.compilation import AheadOfTime, adaptive_jit
+from gpzoo.inference.compilation import adaptive_jit
 from gpzoo.inference.data import check_new_inputs
 from gpzoo.inference.guides import blockdiag_matvec, blockdiag_solve
 from gpzoo.inference.linalg import float_dtype
@@ -34,7 +34,7 @@ from gpzoo.models import draws
 from gpzoo.models.errors import InvalidArgumentError, ShapeError
 
 __all__ = ["InducingDraws", "PointwiseDraws", "Summaries", "conditional_given_u", "draws_and_summaries", "pointwise_given_u",
-           "sample_inducing", "submit_programs", "summaries_supported"]
+           "sample_inducing", "summaries_supported"]
 
 #: Rows of X handled at once when forming Kuf ``[G, M, rows]`` (bounds memory for conv kernels).
 CHUNK_ROWS = 256
@@ -158,38 +158,6 @@ def sample_inducing(res: FitResult, num_draws: int, key) -> InducingDraws:
         hyper={k: np.asarray(v) for k, v in hyper.items()},
     )
 
-
-def submit_programs(aot: AheadOfTime, tag, res: FitResult, num_draws: int, key, inputs, *, summaries: bool = False) -> None:
-    """Queue on ``aot`` (under ``tag``) the compilation of the programs that :func:`sample_inducing`
-    ``(res, num_draws, key)`` and :func:`pointwise_given_u` on each ``(X, y)`` of ``inputs`` will run
-    (``summaries``: the one program of :func:`draws_and_summaries` on those inputs).
-
-    Only shapes are traced (no draw is made here); a program shared by several inputs (same chunk
-    shape and build) is queued once.
-    """
-    _check_family(res)
-    S = int(num_draws)
-    hyper = jax.eval_shape(lambda k: _sample_hyper(res, k, S), jax.random.split(key)[0])
-    draw = _draw_inducing.for_calls(1)
-    args = _draw_arguments(res, S, key, hyper)
-    if not summaries:
-        aot.submit(tag, draw, *args)
-    u = draw.eval_shape(*args)[0]
-    seen = set()
-    for X, y in inputs:
-        X = check_new_inputs(res, X, "X")
-        yc = np.asarray(res.spec.likelihood.validate_targets(y), float_dtype())
-        program = (_summary_chunk if summaries else _pointwise_chunk).for_calls(_num_chunks(X))
-        n, Xc, (yc,) = next(_chunks(X, yc))
-        signature = (id(program), Xc.shape, str(Xc.dtype), yc.shape, str(yc.dtype))
-        if signature not in seen:
-            seen.add(signature)
-            chunk_key = jax.random.fold_in(key, 0)
-            if summaries:
-                aot.submit(tag, program, res.family, res.params, args[4], jnp.asarray(Xc), jnp.asarray(yc), chunk_key,
-                           chunk_key)
-            else:
-                aot.submit(tag, program, res.family, res.params, hyper, u, jnp.asarray(Xc), jnp.asarray(yc), chunk_key)
 
 # ----------------------------------------------------------------------------- p(f | u)
 def _conditional(family, params, X, u):

@@ -1,8 +1,8 @@
 """The report phase's programs: one pass per chunk of rows gives the pointwise draws, the
 predictive moments and the ELBO of a model (inference.posterior.draws_and_summaries), equal to the
-separate functions; every program the report runs is compiled once, before its first call
-(inference.compilation.AheadOfTime), and the report is the same with or without it; the report
-read back from disk (rebuild_report) is the report written in memory."""
+separate functions; every program the report runs is compiled once per model structure (a second
+report of a loaded model compiles none), and the report is the same on fresh and on reused
+programs; the report read back from disk (rebuild_report) is the report written in memory."""
 
 from __future__ import annotations
 
@@ -17,10 +17,9 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from gpzoo.analysis.compare import compare_loo, elbo_estimates, loo_approximate, submit_elbo_programs
-from gpzoo.analysis.datatree import datatree_and_elbo, submit_datatree_programs, to_datatree
+from gpzoo.analysis.compare import compare_loo, elbo_estimates, loo_approximate
+from gpzoo.analysis.datatree import datatree_and_elbo, to_datatree
 from gpzoo.analysis.report import rebuild_report, report
-from gpzoo.inference.compilation import AheadOfTime
 from gpzoo.inference.fit import evaluate_elbo, fit, predict
 from gpzoo.inference.io import load, save
 from gpzoo.inference.posterior import draws_and_summaries, pointwise_given_u, sample_inducing, summaries_supported
@@ -93,44 +92,43 @@ def saved_softmax(tmp_path_factory):
 
 
 @pytest.mark.usefixtures("precision")
-def test_every_report_program_compiles_once_ahead_of_its_call(saved):
+def test_every_report_program_compiles_once_per_structure(saved):
     X_test, y_test = _binary(15, 1)
     res = load(saved)
     jax.clear_caches()  # none of its programs is compiled yet
     assert summaries_supported(res)  # analytic (probit quadrature) data term, type-II hyperparameters
-    with _Compiles() as ahead, AheadOfTime(2) as aot:
-        submit_elbo_programs(aot, "m", res, num_samples=4, seed=0)
-        submit_datatree_programs(aot, "m", res, X_test, y_test, num_draws=30, seed=0)
-        aot.wait("m")
-    # one program per padded block shape (30 training and 15 test rows: both in 64-row blocks) for draws,
-    # moments and ELBO terms
-    assert ahead.report_programs() == {**dict.fromkeys(REPORT_PROGRAMS, 0), "_summary_chunk": 1, "_ell_and_kl": 1}
-    with _Compiles() as later:
+    with _Compiles() as first:
         dt = to_datatree(res, X_test, y_test, num_draws=30, seed=0)
         estimate = elbo_estimates({"m": res}, num_samples=4, seed=0)["m"]
-    assert later.report_programs() == dict.fromkeys(REPORT_PROGRAMS, 0)  # all found compiled
+    # one program per padded block shape (30 training and 15 test rows: both in 64-row blocks) for draws,
+    # moments and ELBO terms; the ELBO's own program
+    assert first.report_programs() == {**dict.fromkeys(REPORT_PROGRAMS, 0), "_summary_chunk": 1, "_ell_and_kl": 1}
     assert np.isfinite(estimate["elbo"]) and dt["log_likelihood"]["y"].shape == (1, 30, 30)
+    X_other, y_other = _binary(20, 2)
+    with _Compiles() as again:  # another load of the model, another test set and seed: all found compiled
+        to_datatree(load(saved), X_other, y_other, num_draws=30, seed=1)
+        elbo_estimates({"m": load(saved)}, num_samples=4, seed=1)
+    assert again.report_programs() == dict.fromkeys(REPORT_PROGRAMS, 0)
 
 
-def test_separate_programs_of_a_monte_carlo_model_compile_ahead_too(saved_softmax):
+def test_separate_programs_of_a_monte_carlo_model_compile_once_too(saved_softmax):
     path, X_test = saved_softmax
     y_test = np.digitize(X_test[:, 0], [-1.0, 1.0]).astype(np.int64)
     res = load(path)
     jax.clear_caches()  # none of its programs is compiled yet
     assert not summaries_supported(res)  # softmax: Monte Carlo expectations
-    with _Compiles() as ahead, AheadOfTime(2) as aot:
-        submit_elbo_programs(aot, "m", res, num_samples=3, seed=0)
-        submit_datatree_programs(aot, "m", res, X_test, y_test, num_draws=30, seed=0)
-        aot.wait("m")
-    # 30 training and 12 test rows share one 64-row block shape
-    assert ahead.report_programs() == {**dict.fromkeys(REPORT_PROGRAMS, 0), "_draw_inducing": 1, "_pointwise_chunk": 1,
-                                       "_moments": 1, "_ell_and_kl": 1}
-    with _Compiles() as later:
+    with _Compiles() as first:
         dt, elbo = datatree_and_elbo(res, X_test, y_test, num_draws=30, seed=0)
         estimate = evaluate_elbo(res, num_samples=3, seed=0)
-    assert later.report_programs() == dict.fromkeys(REPORT_PROGRAMS, 0)
+    # 30 training and 12 test rows share one 64-row block shape
+    assert first.report_programs() == {**dict.fromkeys(REPORT_PROGRAMS, 0), "_draw_inducing": 1, "_pointwise_chunk": 1,
+                                       "_moments": 1, "_ell_and_kl": 1}
     assert elbo is None and estimate.num_samples == 3 and estimate.stderr > 0  # Monte Carlo: estimated separately
     assert dt["predictions_moments"]["probs"].shape == (12, 3)
+    with _Compiles() as again:
+        datatree_and_elbo(load(path), X_test[:7], y_test[:7], num_draws=30, seed=2)
+        evaluate_elbo(load(path), num_samples=3, seed=2)
+    assert again.report_programs() == dict.fromkeys(REPORT_PROGRAMS, 0)
 
 
 @pytest.mark.usefixtures("precision")
@@ -193,17 +191,18 @@ def _same_trees(a: xr.DataTree, b: xr.DataTree) -> bool:
     return all(a[g].to_dataset().equals(b[g].to_dataset()) for g in a.groups) and set(a.groups) == set(b.groups)
 
 
-def test_report_is_the_same_with_and_without_ahead_of_time_compilation(saved, tmp_path, float32):
-    """Bit for bit (float32, the library default): tables, Markdown, HTML, figures and DataTree values;
-    and rebuild_report from the files on disk writes the same report as report() did from memory."""
+def test_report_is_the_same_on_fresh_and_on_reused_programs(saved, tmp_path, float32):
+    """Bit for bit (float32, the library default): tables, Markdown, HTML, figures and DataTree values
+    of a report on freshly compiled programs and of a second one on the same programs; and
+    rebuild_report from the files on disk writes the same report as report() did from memory."""
     X_test, y_test = _binary(20, 3)
     outputs = {}
-    for workers in (0, 2):
+    jax.clear_caches()
+    for run in (0, 2):  # 0: programs compiled for this report; 2: the same programs again
         results = {"a": load(saved)}
-        jax.clear_caches()  # each report compiles its own programs
-        out = tmp_path / f"report{workers}"
-        report(results, out, X_test=X_test, y_test=y_test, num_draws=30, num_elbo_samples=4, compile_workers=workers)
-        outputs[workers] = _report_files(out)
+        out = tmp_path / f"report{run}"
+        report(results, out, X_test=X_test, y_test=y_test, num_draws=30, num_elbo_samples=4)
+        outputs[run] = _report_files(out)
     assert outputs[0].keys() == outputs[2].keys()
     for name, value in outputs[0].items():
         assert _same_trees(value, outputs[2][name]) if name.suffix == ".nc" else value == outputs[2][name], name
@@ -212,51 +211,3 @@ def test_report_is_the_same_with_and_without_ahead_of_time_compilation(saved, tm
     for name, value in outputs[2].items():
         if name.suffix != ".nc":
             assert rebuilt[name] == value, name
-
-
-def test_report_checks_compile_workers(tmp_path):
-    with pytest.raises(InvalidArgumentError, match="compile_workers"):
-        report({"a": object()}, tmp_path, X_test=np.zeros((2, 1)), y_test=np.zeros(2), compile_workers=-1)
-
-
-def test_idle_compile_workers_counts_idle_cores_now(monkeypatch):
-    """Workers = idle cores (sampled now) less the calling thread's; the load average only where the
-    CPU counters cannot be read (it still counts this process's fits that have just finished)."""
-    import os  # noqa: PLC0415
-
-    from gpzoo.inference import compilation  # noqa: PLC0415
-
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(os, "getloadavg", lambda: (1.7, 1.7, 1.7))  # right after a minute of fitting
-    for idle, expected in ((2.0, 1), (1.8, 1), (1.7, 0), (0.3, 0), (0.0, 0), (7.5, 1)):
-        monkeypatch.setattr(compilation, "idle_cores", lambda interval=0.1, idle=idle: idle)
-        assert compilation.idle_compile_workers() == expected, idle
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
-    monkeypatch.setattr(compilation, "idle_cores", lambda interval=0.1: 8.0)
-    assert compilation.idle_compile_workers() == 2 and compilation.idle_compile_workers(most=5) == 5
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(compilation, "idle_cores", lambda interval=0.1: None)  # no /proc/stat: the load average
-    for load, expected in ((0.1, 1), (0.0, 2), (0.9, 1), (1.2, 0), (11.0, 0)):
-        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
-        assert compilation.idle_compile_workers() == expected, load
-
-    def unavailable():
-        raise OSError("no load average")
-
-    monkeypatch.setattr(os, "getloadavg", unavailable)
-    assert compilation.idle_compile_workers() == 0
-
-
-def test_idle_cores_reads_the_cpu_counters(monkeypatch):
-    from gpzoo.inference import compilation  # noqa: PLC0415
-
-    samples = iter([(100, 1000, 2), (160, 1100, 2)])  # 60 of 100 ticks busy over 2 CPUs: 0.8 idle
-    monkeypatch.setattr(compilation, "_cpu_times", lambda: next(samples))
-    assert compilation.idle_cores(0.0) == pytest.approx(0.8)
-    monkeypatch.undo()
-    found = compilation._cpu_times()
-    if found is None:
-        pytest.skip("no /proc/stat on this platform")
-    busy, total, cpus = found
-    assert 0 <= busy <= total and cpus >= 1
-    assert 0.0 <= compilation.idle_cores(0.05) <= cpus
