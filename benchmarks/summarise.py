@@ -644,7 +644,7 @@ def _compile_once(report: dict) -> list[str]:
                    if first.get("gpjax") else f" {first.get('note', '')}")
         anchor = f"GPJax {first['gpjax']['gpjax']}" if first.get("gpjax") else "GPJax"
         lines += [f"First fit of that svgp-rbf in a fresh process (no persistent cache), against {anchor} fitting the same SVGP "
-                  f"(same data, M, steps, Adam, learning rate; its own parameterisation and initial values, so its final objective "
+                  f"(same data, M, steps, Adam, learning rate, whitened q(u); its own initial values, so its final objective "
                   f"is its own) in a fresh process of its own.{verdict}", ""]
         lines += table(["library", "import (s)", "first fit (s)", "compilations", "compile (s)", "compile share",
                         "final objective", "load"], rows) + [""]

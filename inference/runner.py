@@ -176,6 +176,8 @@ class ChunkProgram:
     hint: str = ""
     after_chunk: Callable[[int, Any], None] | None = None
     jitter: float = 0.0
+    #: the jitter the initial state needs, when the fitter computed it with the state (else a program of its own does)
+    initial_jitter: Any = None
 
     def record_jitter(self, steps, jitters, diagnostics: dict) -> None:
         """Append to ``diagnostics["jitter_events"]`` the steps (state after that many updates) whose
@@ -278,7 +280,8 @@ def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, che
         diagnostics["jitter_events"] = list(config.get("jitter_events", []))
         diagnostics.update({k: config[k] for k in ("max_jitter", "last_jitter") if k in config})
     else:
-        program.record_jitter([start], [_jitter(program.step, state, program.constants)], diagnostics)
+        first = program.initial_jitter if program.initial_jitter is not None else _jitter(program.step, state, program.constants)
+        program.record_jitter([start], [first], diagnostics)
         if program.after_chunk is not None:
             program.after_chunk(start, state)
 

@@ -118,7 +118,7 @@ def _initial_state(step: SviStep, leaves, key, idx, X_batch, y_batch, num_data, 
     N = step.num_data if step.num_data is not None else num_data
     state = svi.init(key, X_batch, y_batch, num_data=N, **index_kwargs(family, idx))
     _CONSTRAIN.setdefault(step, svi.constrain_fn)
-    return state
+    return state, family.jitter_used(svi.get_params(state))  # the runner's check before the first step, in the same program
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -179,8 +179,9 @@ def fit_svi(spec, X, y, *, family_class, settings: FitSettings) -> FitResult:
     y_init = y_j[init_idx]
     num_data = np.asarray(N, dtype)
     rate0 = np.asarray(0.0 if callable(learning_rate) else learning_rate, dtype)
+    initial_jitter = None
     if family.hyper_guide is None:
-        state = _initial_state(step, leaves, key_svi, init_idx, X_init, y_init, num_data, rate0)
+        state, initial_jitter = _initial_state(step, leaves, key_svi, init_idx, X_init, y_init, num_data, rate0)
     else:  # the autoguide records concrete prototype values at init: it must not run under jit
         svi = step.svi(family, rate0)
         state = svi.init(key_svi, X_init, y_init, num_data=step.num_data or N, **index_kwargs(family, init_idx))
@@ -202,6 +203,7 @@ def fit_svi(spec, X, y, *, family_class, settings: FitSettings) -> FitResult:
         label=f"fit {spec.name}", objective="ELBO", step=step, step_inputs=step_inputs, constants=constants,
         rate_at=lambda s: float(schedule(s)), params_of=lambda state: _params(step, state, constants),
         config=config, hint="Try a smaller learning_rate or larger jitter.", jitter=float(spec.jitter),
+        initial_jitter=initial_jitter,
     )
     state, objective_hist, rate_hist = settings.run(program, state, diagnostics)
     params = {k: np.asarray(v) for k, v in _params(step, state, constants).items()}
