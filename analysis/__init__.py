@@ -1,4 +1,4 @@
-"""Evaluation side of gpzoo: what the results mean (DESIGN §2).
+"""Evaluation side of gpzoo: what the results mean.
 
 >>> from gpzoo.analysis import to_datatree, compare_elbo, calibration, report, datasets
 

@@ -1,4 +1,4 @@
-"""Offline datasets and generators (DESIGN §5): nothing is downloaded, nothing is read at import.
+"""Offline datasets and generators: nothing is downloaded, nothing is read at import.
 
 Every dataset is an immutable :class:`Dataset` with read-only NumPy arrays. Images are stored
 flattened, one per row: ``[N, H*W]`` or ``[N, H*W*C]`` (channel-last), values in ``[0, 1]``.
@@ -210,7 +210,7 @@ def validate_images(X, image_shape, patch_shape=None, argument: str = "X", *, to
     * ``DataError(argument)``: non-numeric values, NaN/inf, or values outside ``[0, 1]`` by more
       than ``tol``.
 
-    Shapes are checked on tracers too; values only when ``X`` is concrete (DESIGN §7: checks run
+    Shapes are checked on tracers too; values only when ``X`` is concrete (checks run
     before JAX tracing, so a call inside ``jit`` simply skips what it cannot see).
     """
     shape = _normalise_image_shape(image_shape)

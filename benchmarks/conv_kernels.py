@@ -38,7 +38,7 @@ and a warm-up call excluded), as wall-clock and as process CPU time (all threads
   ``elbo_step_naive`` is the same with ``kff_method="naive"``, ``elbo_step_band_kff`` with
   ``kff_method="fused"`` (every pair), ``elbo_step_autodiff_kuf`` with ``kuf_method="autodiff"``.
 
-The physical bound of a step (DESIGN §6) counts the step's dominant work, exps and matmul flops,
+The physical bound of a step counts the step's dominant work, exps and matmul flops,
 forward and backward, at this machine's rates measured in the same run, as ``deep_conv_step.py``
 counts the deep TICK step: exps = B·P² (the Kff diagonal, every pair) + B·P·M (Kuf); matmul flops =
 2·B·P²·E (the inner products x_p·x_q of the Kff pairs, every pair) + 2·B·P·M·E + 2·B·P·E (Kuf's cross

@@ -46,7 +46,7 @@ set here before JAX is imported); on a GPU machine with one GPU only the 1-devic
 and recorded with the device name. The machine's load average at the start and end is recorded,
 and ``note`` states, from this run's numbers, why the goal is or is not met.
 
-    /work/venv/bin/python benchmarks/data_parallel_step.py [--repeats 7] [--steps 10] [--quick]
+    .venv/bin/python benchmarks/data_parallel_step.py [--repeats 7] [--steps 10] [--quick]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One training step of a 2-layer deep TICK GP (Dutordoir et al. 2020, §4) against a straightforward JAX step and this machine's bound.
 
-Setting (fixed by the issue): zoo model ``deep-tick`` with ``num_layers=2`` on MNIST-10 images
+Setting: zoo model ``deep-tick`` with ``num_layers=2`` on MNIST-10 images
 (28×28 → 24×24 → 20×20 with 5×5 patches), M = 100 inducing patches per layer, one hidden channel,
 minibatch B = 64, RobustMax over 10 classes, float32, Adam. Timed, interleaved call by call (medians
 over ``--repeats`` calls of a jit-compiled ``lax.scan`` of ``--steps`` updates, divided by the steps;
@@ -29,7 +29,7 @@ same parameters and keys). Peak memory: XLA's temporary buffers of each compiled
 peak resident set after gpzoo's step has compiled and run (``peak_rss_gpzoo_only_mb``, before the
 straightforward step is built) and at the end (both steps).
 
-    /work/venv/bin/python benchmarks/deep_conv_step.py [--repeats 7] [--steps 5] [--quick]
+    .venv/bin/python benchmarks/deep_conv_step.py [--repeats 7] [--steps 5] [--quick]
 """
 
 from __future__ import annotations

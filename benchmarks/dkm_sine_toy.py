@@ -19,7 +19,7 @@ the kernel's initial scale 1 and bias 0.1 (learned).
 CPU-sized: by default 600 steps instead of the paper's 2000 epochs and ν on a 1e3 grid instead of
 every decade; ``--steps 2000`` runs the paper's length. Writes ``benchmarks/results/dkm_sine_toy.json``.
 
-    /work/venv/bin/python benchmarks/dkm_sine_toy.py [--steps 600] [--record-every 25] [--quick]
+    .venv/bin/python benchmarks/dkm_sine_toy.py [--steps 600] [--record-every 25] [--quick]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Per-step time and memory of a DKM training step: gpzoo vs a straightforward JAX version vs the matmul bound vs the authors' code.
 
-Two configurations (the issue's; Milsom, Anson, Aitchison 2024):
+Two configurations (Milsom, Anson, Aitchison 2024):
 
 * ``conv`` — the "smallest conv DKM" of the authors' implementation: 64 learned 3×3 inducing
   patches on 16×16×3 images, batch 64, two Gram layers of width 64 (the second after a stride-2
@@ -23,8 +23,8 @@ One step = objective, gradient and an Adam update (β = (0.8, 0.9), lr 0.01), ji
 * ``matmul bound``: the step's FLOPs (XLA's cost analysis of gpzoo's compiled step) divided by
   this machine's measured matmul rate in the configuration's dtype (a 1024³ ``jnp.dot``, best of several).
 * ``reference`` (only with ``--reference-python`` and ``--reference-repo``): the authors' PyTorch
-  code, run by ``benchmarks/dkm_reference.py`` in that interpreter, with 2 threads (the issue's
-  setting) and with 1 thread; the goal is checked against the faster of the two.
+  code, run by ``benchmarks/dkm_reference.py`` in that interpreter, with 2 threads (the
+  measured setting) and with 1 thread; the goal is checked against the faster of the two.
 
 Everything is interleaved: each repeat times gpzoo, the straightforward step and (if given) the
 reference once, and the reported step time is the median over repeats. The PRNG keys of the JAX
@@ -36,7 +36,7 @@ process that builds, compiles and runs only the gpzoo step (``--rss-probe``), ne
 reference process's. ``float32_clean`` checks that the float32 step's compiled program has no
 float64 array operation although x64 is enabled in this process. Writes ``benchmarks/results/dkm_step.json``.
 
-    /work/venv/bin/python benchmarks/dkm_step.py [--repeats 5] [--steps 10] [--configs conv sine]
+    .venv/bin/python benchmarks/dkm_step.py [--repeats 5] [--steps 10] [--configs conv sine]
         [--reference-python /path/to/python-with-torch --reference-repo /path/to/skr_cdkm]
 """
 
@@ -71,7 +71,7 @@ OUT = Path(__file__).parent / "results" / "dkm_step.json"
 REFERENCE_SCRIPT = Path(__file__).parent / "dkm_reference.py"
 IMAGE, BATCH, WIDTH, CLASSES, MC = (16, 16, 3), 64, 64, 10, 1000
 SINE_TRAIN, SINE_INDUCING, SINE_MC = 256, 100, 100
-#: the issue's figures for the authors' code on this machine (2 threads), used when it is not run here
+#: earlier timings of the authors' code on this machine (2 threads), used when it is not run here
 QUOTED_REFERENCE_S = {"conv": 0.205, "sine": 0.063}
 #: a float64 value with at least one dimension in HLO text (optax's Adam bias correction keeps float64 scalars under x64)
 F64_ARRAY = re.compile(r"f64\[\d")
@@ -410,7 +410,7 @@ def measure(name: str, args) -> dict:
         goals["no_more_memory_than_reference"] = gz_rss <= ref_rss
     else:
         report["reference"] = {"skipped": "no --reference-python/--reference-repo given: the authors' PyTorch code was not "
-                                          "run; the issue quotes its time on this machine (2 threads)",
+                                          "run; its earlier time on this machine (2 threads) is quoted",
                                "quoted_in_issue_s": QUOTED_REFERENCE_S[name]}
         report["ratios"]["quoted_reference_over_gpzoo"] = QUOTED_REFERENCE_S[name] / med["gpzoo"]
     report["goals"] = goals

@@ -1,4 +1,4 @@
-"""gpzoo against GPflow 2.11 on the same convolutional-GP training run (DESIGN §6 anchor).
+"""gpzoo against GPflow 2.11 on the same convolutional-GP training run (a timing anchor).
 
 Two configurations (van der Wilk et al. 2017, §3):
 

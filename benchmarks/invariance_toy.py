@@ -6,7 +6,7 @@ and over one fundamental domain only (x2 >= x1, ``"fundamental"``): there only t
 model can predict the other half, but no training point tests that, so the ELBO need not tell
 the models apart (van der Wilk et al. 2018, eq. 5's chunk argument). Test inputs always cover the whole box. Writes ``benchmarks/results/invariance_toy.json``.
 
-    /work/venv/bin/python benchmarks/invariance_toy.py
+    .venv/bin/python benchmarks/invariance_toy.py
 """
 
 from __future__ import annotations

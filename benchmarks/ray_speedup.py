@@ -39,7 +39,7 @@ over ``--repeats``): the wall time of the whole ``gpzoo.compare`` call and, apar
 
 The machine is shared: the load average at the start and end of the run is recorded beside the numbers.
 
-    /work/venv/bin/python benchmarks/ray_speedup.py [--repeats 2] [--steps 150] [--quick] [--ceiling]
+    .venv/bin/python benchmarks/ray_speedup.py [--repeats 2] [--steps 150] [--quick] [--ceiling]
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ merge into ``benchmarks/results/reproduce_conv.json`` experiment by experiment, 
 within an experiment run again with the same settings, so partial runs accumulate. Runs shorter than the paper's (fewer steps, a subset of
 the data) say so under ``settings``; their numbers are not converged reproductions.
 
-    /work/venv/bin/python benchmarks/reproduce_conv.py --experiment rectangles --steps 2000
-    /work/venv/bin/python benchmarks/reproduce_conv.py --quick --out /tmp/reproduce_conv.json
+    .venv/bin/python benchmarks/reproduce_conv.py --experiment rectangles --steps 2000
+    .venv/bin/python benchmarks/reproduce_conv.py --quick --out /tmp/reproduce_conv.json
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ until the last, and each run prints one line to stderr: a sweep stopped part-way
 finished (the README marks such a report as partial). ``--combine`` merges the reports of sweeps run
 in separate processes.
 
-    /work/venv/bin/python benchmarks/reproduce_dkm.py [--steps 300] [--depth 2] [--seeds 0 1 2] [--data digits-8x8]
+    .venv/bin/python benchmarks/reproduce_dkm.py [--steps 300] [--depth 2] [--seeds 0 1 2] [--data digits-8x8]
         [--pool 1] [--quick]
 """
 
@@ -177,7 +177,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--combine", type=Path, nargs="+", metavar="FILE",
                         help="merge the runs of result files written by separate processes (same settings) into --out")
     parser.add_argument("--data", default="digits-8x8", choices=("digits-8x8", "mnist-10"),
-                        help="digits-8x8 (sklearn, 1,437 / 360) or mnist-10 (4,000 / 1,000, the issue's MNIST split)")
+                        help="digits-8x8 (sklearn, 1,437 / 360) or mnist-10 (4,000 / 1,000, a seeded MNIST split)")
     parser.add_argument("--pool", type=int, default=1, help="mean-pool the images by this factor on each side (mnist-10: 2 gives 14x14)")
     parser.add_argument("--quick", action="store_true", help="one seed, few steps (smoke test)")
     parser.add_argument("--out", type=Path, default=OUT)

@@ -21,8 +21,8 @@ likelihood's own Monte Carlo term); the s.e. recorded here is over ``--elbo-repe
 different seeds. Results merge into ``benchmarks/results/reproduce_invariance.json`` experiment
 by experiment; runs shorter than the paper's say so under ``settings``.
 
-    /work/venv/bin/python benchmarks/reproduce_invariance.py --experiment rotated --steps 2000
-    /work/venv/bin/python benchmarks/reproduce_invariance.py --quick --out /tmp/reproduce_invariance.json
+    .venv/bin/python benchmarks/reproduce_invariance.py --experiment rotated --steps 2000
+    .venv/bin/python benchmarks/reproduce_invariance.py --quick --out /tmp/reproduce_invariance.json
 """
 
 from __future__ import annotations

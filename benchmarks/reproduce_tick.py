@@ -31,11 +31,11 @@ standard deviation across seeds), ``seeds`` holds every seed's own records, and 
 on the means and on every seed alone (``met_every_seed``). Per-seed JSON files written by separate
 runs (``--out`` per seed, e.g. on another machine) merge the same way with ``--combine FILE ...``.
 
-    /work/venv/bin/python benchmarks/reproduce_tick.py --experiment e2
-    /work/venv/bin/python benchmarks/reproduce_tick.py --experiment e1 --max-train 4000 --max-test 1000 \
+    .venv/bin/python benchmarks/reproduce_tick.py --experiment e2
+    .venv/bin/python benchmarks/reproduce_tick.py --experiment e1 --max-train 4000 --max-test 1000 \
         --num-inducing 100 --steps 2000 --seeds 0 1
-    /work/venv/bin/python benchmarks/reproduce_tick.py --combine e1_seed0.json e1_seed1.json
-    /work/venv/bin/python benchmarks/reproduce_tick.py --quick --out /tmp/reproduce_tick.json
+    .venv/bin/python benchmarks/reproduce_tick.py --combine e1_seed0.json e1_seed1.json
+    .venv/bin/python benchmarks/reproduce_tick.py --quick --out /tmp/reproduce_tick.json
 """
 
 from __future__ import annotations

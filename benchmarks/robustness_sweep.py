@@ -17,10 +17,10 @@ ELBO. A run is counted as
 Goal: 0 Cholesky failures, 0 diverged fits, 0 non-finite results, 0 errors. Writes
 ``benchmarks/results/robustness_sweep.json``; ``benchmarks/summarise.py`` puts the table in the README.
 
-    /work/venv/bin/python benchmarks/robustness_sweep.py                       # the full sweep
-    /work/venv/bin/python benchmarks/robustness_sweep.py --models svgp-rbf,conv --seeds 2 --out /tmp/sweep.json
-    /work/venv/bin/python benchmarks/robustness_sweep.py --models dkm,conv-dkm --merge   # add models to the JSON
-    /work/venv/bin/python -m pytest benchmarks/robustness_sweep.py -m benchmark -p no:xdist
+    .venv/bin/python benchmarks/robustness_sweep.py                       # the full sweep
+    .venv/bin/python benchmarks/robustness_sweep.py --models svgp-rbf,conv --seeds 2 --out /tmp/sweep.json
+    .venv/bin/python benchmarks/robustness_sweep.py --models dkm,conv-dkm --merge   # add models to the JSON
+    .venv/bin/python -m pytest benchmarks/robustness_sweep.py -m benchmark -p no:xdist
 
 ``--merge`` runs only ``--models`` and merges their counts and failures into the existing ``--out``
 (the other models' records are kept; a model run again replaces its old records), then recomputes

@@ -17,7 +17,7 @@ writes its gradients in that form itself. Two measurements, each a ratio within 
 
 Writes ``benchmarks/results/scan_convolutions.json``.
 
-    /work/venv/bin/python benchmarks/scan_convolutions.py [--repeats 5] [--quick]
+    .venv/bin/python benchmarks/scan_convolutions.py [--repeats 5] [--quick]
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ between ``<!-- results:begin -->`` and ``<!-- results:end -->`` is replaced; the
 only on the JSON contents (dates are the ones recorded in the files), so running it twice changes
 nothing. ``--check`` exits 1 when the README is out of date.
 
-    /work/venv/bin/python benchmarks/summarise.py            # rewrite README.md
-    /work/venv/bin/python benchmarks/summarise.py --check    # CI-style check
+    .venv/bin/python benchmarks/summarise.py            # rewrite README.md
+    .venv/bin/python benchmarks/summarise.py --check    # CI-style check
 """
 
 from __future__ import annotations
@@ -424,7 +424,7 @@ def _dkm_step_config(name: str, cfg: dict, report: dict) -> list[str]:
                     f"{yes_no(goals.get('at_least_3x_faster_than_reference'))}); peak RSS gpzoo / authors' "
                     f"{num(ratios['gpzoo_rss_over_reference_rss'])} (goal ≤ 1: {yes_no(goals.get('no_more_memory_than_reference'))}).")
     else:
-        ref_text = f" The authors' code was not run; the issue quotes {num(ref.get('quoted_in_issue_s'))} s/step for it."
+        ref_text = f" The authors' code was not run; its earlier time on this machine was {num(ref.get('quoted_in_issue_s'))} s/step."
     shape = (f"{step['images']} images, batch {step['batch']}" if "images" in step
              else f"{step['num_train']} points, full batch")
     clean = cfg["gpzoo"].get("float32_clean")

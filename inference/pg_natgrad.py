@@ -19,7 +19,7 @@ rather than cited by number):
   −½ vᵀ(I + A diag(θ) Aᵀ)v + vᵀ A κ + const in expectation, so its optimal q(v) = N(Λ⁻¹h, Λ⁻¹) has
   natural parameters
       h = (N/B) A_b κ_b,   Λ = I + (N/B) A_b diag(θ_b) A_bᵀ     (η1 = h, η2 = −½Λ),
-  over a minibatch b of B points (B = N: exact). This is the brief's Kuu⁻¹Kuf form transformed by
+  over a minibatch b of B points (B = N: exact). This is the Kuu⁻¹Kuf form transformed by
   the linear map u = Luu v, which maps natural parameters linearly, so steps in either coordinate
   system are the same step; the whitened one only factorises matrices ⪰ I (well conditioned).
 * The natural-gradient step with size ρ on a conditionally conjugate bound is the convex

@@ -17,7 +17,7 @@ Their methods are ``jax.jit``-compiled with the likelihood itself as a pytree ar
 eager call (notebook, analysis) runs as one program instead of op by op; inside an outer
 ``jit`` they simply inline.
 
-How each expectation is computed (DESIGN §3: analytic where possible, Gauss–Hermite for 1-D
+How each expectation is computed (analytic where possible, Gauss–Hermite for 1-D
 likelihoods, Monte Carlo only for the softmax):
 
 =============  ==============================  ===================================
