@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["BLOCK_SIZES", "ByIdentity", "CompileCounter", "FamilyDefinition", "cache_dir", "definition_of", "enable_persistent_cache",
-           "family_jit", "pad_rows", "persistent_cache", "row_blocks"]
+           "family_jit", "freeze", "pad_rows", "persistent_cache", "row_blocks"]
 
 
 # ----------------------------------------------------------------------------- hashable definitions
@@ -231,9 +231,6 @@ class FamilyProgram:
 
     def lower(self, family, *args):
         return self.jitted.lower(*self._arguments(family, args))
-
-    def eval_shape(self, family, *args):
-        return jax.eval_shape(self.jitted, *self._arguments(family, args))
 
 
 # ----------------------------------------------------------------------------- padded row blocks
