@@ -8,54 +8,69 @@ an HTML/Markdown/CSV report (``analysis.report.rebuild_report`` regenerates one 
 ``datasets`` loads the offline datasets. ``compare`` fits several models (each once per seed,
 in this process or on Ray) and returns their comparison (:mod:`gpzoo.analysis.comparison`).
 
-``report`` here is the *function* (its module is ``analysis.report``); it is bound eagerly so the
-name means the same whatever was imported first. ``compare`` is the function of
-``analysis.comparison``; the ELBO/PSIS-LOO module ``analysis.compare`` stays importable by its
-full name (``from gpzoo.analysis.compare import compare_heldout``) without rebinding it. The JAX-heavy ``to_datatree`` and
-``compare_elbo`` load on first use, so ``import gpzoo.analysis.datasets`` stays light.
+Every public name, and every submodule reached as an attribute (``gpzoo.analysis.comparison``),
+loads on first use: importing this package imports nothing heavy, so the ``gpzoo`` command
+(:mod:`gpzoo.analysis.cli`, whose import runs this file first) answers ``--version`` and
+``--help`` without importing JAX, NumPyro or matplotlib, and ``import gpzoo.analysis.datasets``
+stays light.
 
-``numpyro`` is imported here, plainly and first: ``arviz_base`` registers a *lazy* ``numpyro``
-module (``lazy_loader``), and a first ``import numpyro.distributions`` after ``import arviz``
-then executes ``numpyro.distributions`` twice, leaving ``numpyro.distributions.distribution``
-unset so that ``numpyro.factor`` fails. A plain ``import numpyro`` loads it properly.
+``report`` is the *function* (its module is ``analysis.report``) and ``compare`` the function of
+``analysis.comparison``, whatever was imported first: importing the submodules
+``analysis.report`` or ``analysis.compare`` (ELBO/PSIS-LOO; ``from gpzoo.analysis.compare import
+compare_heldout``) does not rebind these names to the modules.
+
+The modules that import ``arviz_base`` (directly or through ``arviz``/``arviz_plots``) import
+``numpyro`` plainly before it: ``arviz_base`` registers a *lazy* ``numpyro`` module
+(``lazy_loader``) when NumPyro is not loaded yet, and a first ``import numpyro.distributions``
+after that executes ``numpyro.distributions`` twice, leaving
+``numpyro.distributions.distribution`` unset so that ``numpyro.factor`` fails.
 """
 
 import sys
 import types
-
-import numpyro  # noqa: F401 - see below
-
-from gpzoo.analysis import calibration, datasets
-from gpzoo.analysis.comparison import compare
-from gpzoo.analysis.report import report
+from importlib import import_module
+from importlib.util import find_spec
 
 __all__ = ["calibration", "compare", "compare_elbo", "datasets", "report", "to_datatree"]
 
+#: Public name -> (module, attribute; None for the module itself), imported on first access.
+_LAZY = {
+    "calibration": ("gpzoo.analysis.calibration", None),
+    "datasets": ("gpzoo.analysis.datasets", None),
+    "compare": ("gpzoo.analysis.comparison", "compare"),
+    "report": ("gpzoo.analysis.report", "report"),
+    "to_datatree": ("gpzoo.analysis.datatree", "to_datatree"),
+    "compare_elbo": ("gpzoo.analysis.compare", "compare_elbo"),
+}
+#: Public names that are functions with a submodule of the same name.
+_FUNCTIONS = ("compare", "report")
+
 
 class _Package(types.ModuleType):
-    """This package, whose name ``compare`` stays the function when the submodule
-    ``analysis.compare`` is first imported (the import system binds a submodule on its parent)."""
+    """This package, whose names ``compare`` and ``report`` stay the functions when the submodules
+    ``analysis.compare`` and ``analysis.report`` are imported (the import system binds a submodule
+    on its parent)."""
 
     def __setattr__(self, name, value):
-        if name == "compare" and isinstance(value, types.ModuleType):
+        if name in _FUNCTIONS and isinstance(value, types.ModuleType):
             return
         super().__setattr__(name, value)
 
 
 sys.modules[__name__].__class__ = _Package
 
-_LAZY = {"to_datatree": "gpzoo.analysis.datatree", "compare_elbo": "gpzoo.analysis.compare"}
-
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import importlib  # noqa: PLC0415
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        module_name, attribute = _LAZY[name]
+        module = import_module(module_name)
+        value = module if attribute is None else getattr(module, attribute)
         globals()[name] = value
         return value
-    raise AttributeError(f"module 'analysis' has no attribute {name!r}")
+    if not name.startswith("_") and find_spec(f"{__name__}.{name}") is not None:
+        return import_module(f"{__name__}.{name}")  # a submodule: the import binds it here
+    raise AttributeError(f"module 'gpzoo.analysis' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted([*globals(), *_LAZY])
+    return sorted({*globals(), *_LAZY})

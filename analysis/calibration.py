@@ -26,6 +26,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+import numpyro  # noqa: F401 - loaded before arviz_base, which the plots import (see gpzoo.analysis)
 import pandas as pd
 import xarray as xr
 from matplotlib.figure import Figure

@@ -37,8 +37,6 @@ import os
 import sys
 from pathlib import Path
 
-import numpy as np
-
 __all__ = ["main"]
 
 DEFAULT_DATA = "rectangles"
@@ -309,6 +307,8 @@ def _load_data(args):
     """The dataset, with train/test subsampled to --num-train/--num-test (loader options when it has them)."""
     paths = _data_paths(args.data, args.data_paths)
     _check_data_paths(args.data, paths)
+    import numpy as np  # noqa: PLC0415 - deferred, as every heavy import here: `gpzoo --help` stays light
+
     ds = _dataset(args.data, args.seed, {"num_train": args.num_train, "num_test": args.num_test}, paths)
     rng = np.random.default_rng(args.seed)
     X_train, y_train, _ = _subset(ds.X_train, ds.y_train, args.num_train, rng)
@@ -496,6 +496,8 @@ _COLUMN_PREFIX = {"probs": "prob"}
 
 
 def _cmd_predict(args, out) -> int:
+    import numpy as np  # noqa: PLC0415
+
     from gpzoo.inference.fit import predict  # noqa: PLC0415
     from gpzoo.inference.io import load  # noqa: PLC0415
 
@@ -522,6 +524,7 @@ def _cmd_predict(args, out) -> int:
 def _prediction_dataset(pred, index, y, attrs):
     """The predictions as an xarray Dataset on the split's row ``index``: q(f) moments ``[N, L]``, y
     moments ``[N, K]``, class probabilities ``[N, C]`` and the predicted label where the task has classes."""
+    import numpy as np  # noqa: PLC0415
     import xarray as xr  # noqa: PLC0415
 
     data = {"f_mean": (("index", "latent"), pred.f_mean), "f_var": (("index", "latent"), pred.f_var),

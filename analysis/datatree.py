@@ -76,6 +76,7 @@ import re
 
 import jax
 import numpy as np
+import numpyro  # noqa: F401 - loaded before arviz_base (see gpzoo.analysis)
 import xarray as xr
 from arviz_base import from_dict
 

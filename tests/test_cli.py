@@ -93,6 +93,31 @@ def test_version(capsys):
     assert capsys.readouterr().out.strip() == f"gpzoo {gpzoo.__version__}"
 
 
+def _gpzoo_command() -> list[str]:
+    """The installed ``gpzoo`` console script (``python -m gpzoo.analysis.cli`` where there is none)."""
+    script = Path(sys.executable).with_name("gpzoo")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "gpzoo.analysis.cli"]
+
+
+@pytest.mark.parametrize("flag", ["--version", "--help"])
+def test_version_and_help_do_not_import_jax_numpyro_or_matplotlib(flag):
+    """``gpzoo --version`` and ``gpzoo --help`` answer from the standard library: Python's import
+    log of the real command lists no JAX, NumPyro, matplotlib (nor NumPy) module."""
+    from importlib.metadata import version  # noqa: PLC0415
+
+    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1", "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([*_gpzoo_command(), flag], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "gpzoo.analysis.cli" in imported  # the log is read right: the command's own module is in it
+    heavy = sorted(m for m in imported if m.split(".")[0] in ("jax", "jaxlib", "numpyro", "matplotlib", "numpy"))
+    assert not heavy, f"gpzoo {flag} imported {heavy[:10]}"
+    if flag == "--version":
+        assert proc.stdout.strip() == f"gpzoo {version('gpzoo')}"
+    else:
+        assert all(command in proc.stdout for command in ("list", "fit", "compare", "report", "predict"))
+
+
 def test_report_states_data_settings_and_versions(compared):
     import json  # noqa: PLC0415
     from importlib.metadata import version  # noqa: PLC0415
