@@ -239,13 +239,20 @@ def _print_options(options, out) -> None:
         print(f"      {option.name}: {option.type_name} = {option.default!r}  {option.help}", file=out)
 
 
+def _unknown_name(kind: str, name: str, valid) -> str:
+    """``unknown KIND 'NAME'; did you mean ...? valid: ...`` (gpzoo.models.errors.unknown_name_message)."""
+    from gpzoo.models.errors import unknown_name_message  # noqa: PLC0415
+
+    return unknown_name_message(kind, name, valid)
+
+
 def _dataset(name: str, seed: int, sizes: dict, paths: dict | None = None):
     """Dataset ``name`` generated with ``seed``, passing the ``sizes`` (num_train, num_test) its loader
     takes and the ``paths`` of a local data set."""
     from gpzoo.analysis import datasets  # noqa: PLC0415
 
     if name not in datasets.names():
-        raise UsageError(f"unknown dataset {name!r}; valid: {', '.join(datasets.names())}")
+        raise UsageError(_unknown_name("dataset", name, datasets.names()))
     options = datasets.dataset_options(name)
     chosen = {k: n for k, n in sizes.items() if k in options and n is not None}
     return datasets.load(name, seed=seed, **chosen, **(paths or {}))
@@ -266,7 +273,7 @@ def _data_paths(name: str, texts: list[str]) -> dict[str, str]:
     if not texts:
         return {}
     if name not in datasets.names():
-        raise UsageError(f"unknown dataset {name!r}; valid: {', '.join(datasets.names())}")
+        raise UsageError(_unknown_name("dataset", name, datasets.names()))
     options = datasets.dataset_options(name)
     path_options = [k for k in options if k.endswith("path")]
     if not path_options:
@@ -295,7 +302,7 @@ def _check_data_paths(name: str, paths: dict[str, str]) -> None:
     from gpzoo.analysis import datasets  # noqa: PLC0415
 
     if name not in datasets.names():
-        raise UsageError(f"unknown dataset {name!r}; valid: {', '.join(datasets.names())}")
+        raise UsageError(_unknown_name("dataset", name, datasets.names()))
     missing = [k for k, v in datasets.dataset_options(name).items() if v is datasets.REQUIRED and k not in paths]
     if len(missing) == 1:
         raise UsageError(f"dataset {name!r} reads a local file: pass --data-path PATH (its option {missing[0]})")
@@ -365,7 +372,7 @@ def _build_spec(name: str, ds, num_inducing: int, likelihood=None, options=None)
     from gpzoo.models.errors import InvalidArgumentError  # noqa: PLC0415
 
     if name not in zoo.names():
-        raise UsageError(f"unknown model {name!r}; valid: {', '.join(zoo.names())}")
+        raise UsageError(_unknown_name("model", name, zoo.names()))
     options = options or {}
     given = {"input_dim": ds.num_features, "task": ds.task, "num_classes": ds.num_classes,
              "image_shape": ds.image_shape, "num_inducing": num_inducing}
@@ -426,7 +433,7 @@ def _fit_and_report(args, model_names: list[str], out) -> int:
         raise UsageError(f"--models lists a model twice: {','.join(model_names)}")
     unknown = [name for name in model_names if name not in zoo.names()]
     if unknown:
-        raise UsageError(f"unknown model {unknown[0]!r}; valid: {', '.join(zoo.names())}")
+        raise UsageError(_unknown_name("model", unknown[0], zoo.names()))
     options = _model_options(args.options, model_names)
     ds, X_train, y_train, X_test, y_test = _load_data(args)
     likelihood = _likelihood(args.likelihood, ds)

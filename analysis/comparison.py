@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpzoo.models.errors import InvalidArgumentError, check_flag, check_integer, check_real, check_seed
+from gpzoo.models.errors import InvalidArgumentError, check_flag, check_integer, check_real, check_seed, unknown_name_message
 
 __all__ = ["Comparison", "FitsInterrupted", "compare"]
 
@@ -254,7 +254,7 @@ def _load_dataset(data, data_seed: int, num_train, num_test, data_paths):
 
     if isinstance(data, str):
         if data not in datasets.names():
-            raise InvalidArgumentError("data", f"unknown dataset {data!r}; valid: {', '.join(datasets.names())}")
+            raise InvalidArgumentError("data", unknown_name_message("dataset", data, datasets.names()))
         options = datasets.dataset_options(data)
         paths = dict(data_paths or {})
         for key in paths:
@@ -299,7 +299,7 @@ def _build_specs(models: list, ds, num_inducing: int, likelihood, options: Mappi
                 raise InvalidArgumentError("options", f"model {name!r} is given as a ModelSpec: set its options there")
         elif isinstance(model, str):
             if model not in zoo.names():
-                raise InvalidArgumentError("models", f"unknown model {model!r}; valid: {', '.join(zoo.names())}")
+                raise InvalidArgumentError("models", unknown_name_message("model", model, zoo.names()))
             chosen = dict(options.get(model, {}))
             try:
                 name, spec = model, zoo.get(model, **(given | chosen))

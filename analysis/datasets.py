@@ -34,7 +34,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpzoo.models.errors import UNIT_RANGE_TOLERANCE, DataError, GPZooError, InvalidArgumentError, ShapeError, is_concrete, unit_range_problem
+from gpzoo.models.errors import (
+    UNIT_RANGE_TOLERANCE,
+    DataError,
+    GPZooError,
+    InvalidArgumentError,
+    ShapeError,
+    closest_name,
+    is_concrete,
+    unit_range_problem,
+    unknown_name_message,
+)
 
 __all__ = [
     "Dataset",
@@ -68,7 +78,8 @@ class UnknownDatasetError(GPZooError, KeyError):
         self.argument = "name"
         self.name = name
         self.valid = tuple(valid)
-        super().__init__(f"unknown dataset {name!r}; valid: {', '.join(self.valid)}")
+        self.suggestion = closest_name(name, self.valid)  # the nearest valid name, or None
+        super().__init__(unknown_name_message("dataset", name, self.valid))
 
     def __str__(self) -> str:  # KeyError would print the repr of the message
         return str(self.args[0])

@@ -6,6 +6,9 @@ sees one sentence naming the offending argument instead of a traceback from insi
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Sequence
+
 import numpy as np
 from jax import core as jax_core
 
@@ -60,6 +63,24 @@ class NumericalError(TrainingError):
         self.stage = stage
         where = f"{layer}, {stage}" + ("" if step is None else f", training step {step}")
         super().__init__(f"{where}: {message}", step=step, checkpoint=checkpoint)
+
+
+def closest_name(name, valid: Sequence[str]) -> str | None:
+    """The valid name nearest to a mistyped ``name`` (``difflib.get_close_matches``, case ignored),
+    or None when none is close."""
+    if not isinstance(name, str):
+        return None
+    by_lower = {v.lower(): v for v in valid}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1)
+    return by_lower[close[0]] if close else None
+
+
+def unknown_name_message(kind: str, name, valid: Sequence[str]) -> str:
+    """``unknown KIND 'NAME'; did you mean 'NEAREST'? valid: A, B, ...`` (the question only when a
+    valid name is close to ``name``)."""
+    nearest = closest_name(name, valid)
+    hint = "" if nearest is None else f" did you mean {nearest!r}?"
+    return f"unknown {kind} {name!r};{hint} valid: {', '.join(valid)}"
 
 
 def is_concrete(x) -> bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from gpzoo.models import kernels
 from gpzoo.models import zoo_convolutional, zoo_deep, zoo_dkm, zoo_invariant, zoo_pg, zoo_tick  # noqa: F401 - each registers its family
-from gpzoo.models.errors import HyperparameterError, InvalidArgumentError
+from gpzoo.models.errors import HyperparameterError, InvalidArgumentError, unknown_name_message
 from gpzoo.models.zoo_core import (
     DATASET_FACTS,
     LIKELIHOOD_NAMES,
@@ -42,7 +42,7 @@ __all__ = ["DATASET_FACTS", "LIKELIHOOD_NAMES", "Common", "ModelSpec", "Option",
 
 def _entry(name: str) -> Entry:
     if name not in REGISTRY:
-        raise UnknownModelError(f"unknown model {name!r}; valid: {', '.join(sorted(REGISTRY))}")
+        raise UnknownModelError(unknown_name_message("model", name, sorted(REGISTRY)))
     return REGISTRY[name]
 
 

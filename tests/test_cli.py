@@ -163,6 +163,18 @@ def test_unknown_model_and_dataset_list_valid_names(tmp_path, capsys):
     assert not any(tmp_path.iterdir())  # nothing written before the inputs are checked
 
 
+def test_mistyped_model_and_dataset_names_suggest_the_nearest(tmp_path, capsys):
+    line = _error(["compare", "--models", "svgp-rfb", "--out", str(tmp_path)], capsys, 2)
+    assert "unknown model 'svgp-rfb'; did you mean 'svgp-rbf'? valid: " in line
+    line = _error(["fit", "--data", "rectangle", "--model", "conv", "--out", str(tmp_path)], capsys, 2)
+    assert "unknown dataset 'rectangle'; did you mean 'rectangles'? valid: " in line
+    line = _error(["predict", "--data", "two_moons", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "p.csv")], capsys, 2)
+    assert "did you mean 'two-moons'?" in line
+    line = _error(["compare", "--models", "qqqq", "--out", str(tmp_path)], capsys, 2)
+    assert "did you mean" not in line and "unknown model 'qqqq'; valid: " in line  # nothing close: no guess
+    assert not any(tmp_path.iterdir())
+
+
 def test_unwritable_output_directory(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")

@@ -52,6 +52,15 @@ def test_bad_arguments_are_typed_errors_naming_them(kwargs, named, monkeypatch):
     assert not fitted
 
 
+def test_mistyped_names_suggest_the_nearest():
+    with pytest.raises(InvalidArgumentError, match=r"unknown model 'svgp-rfb'; did you mean 'svgp-rbf'\?") as error:
+        gpzoo.compare("two-moons", ["svgp-rfb"], **TINY)
+    assert error.value.argument == "models"
+    with pytest.raises(InvalidArgumentError, match=r"unknown dataset 'two_moons'; did you mean 'two-moons'\?") as error:
+        gpzoo.compare("two_moons", ["svgp-rbf"], **TINY)
+    assert error.value.argument == "data"
+
+
 def test_existing_report_needs_overwrite_or_resume(tmp_path):
     (tmp_path / "report.json").write_text("{}")
     with pytest.raises(InvalidArgumentError, match="overwrite=True") as error:

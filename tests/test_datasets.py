@@ -49,6 +49,14 @@ def test_unknown_name_is_a_key_error_listing_valid_names():
     assert isinstance(info.value, datasets.UnknownDatasetError)
     assert str(info.value) == "unknown dataset 'cifar-100'; valid: " + ", ".join(datasets.names())
     assert info.value.argument == "name"
+    assert info.value.suggestion is None  # nothing close: no guess
+
+
+def test_mistyped_dataset_name_suggests_the_nearest():
+    with pytest.raises(datasets.UnknownDatasetError) as info:
+        datasets.load("two_moons")
+    assert str(info.value) == "unknown dataset 'two_moons'; did you mean 'two-moons'? valid: " + ", ".join(datasets.names())
+    assert info.value.suggestion == "two-moons" and info.value.argument == "name"
 
 
 def test_unknown_missing_and_bad_options_are_typed():

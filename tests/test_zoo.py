@@ -68,6 +68,17 @@ def test_unknown_model_lists_the_valid_names():
         zoo.option_names("nope")
 
 
+def test_mistyped_model_name_suggests_the_nearest():
+    for typed, nearest in (("svgp-rfb", "svgp-rbf"), ("conv-rbf", "conv+rbf"), ("Weighted_Conv", "weighted-conv")):
+        with pytest.raises(zoo.UnknownModelError) as info:
+            zoo.get(typed)
+        assert str(info.value).startswith(f"unknown model {typed!r}; did you mean {nearest!r}? valid: ")
+        assert info.value.argument == "model"
+    with pytest.raises(zoo.UnknownModelError) as info:
+        zoo.get("qqqq")
+    assert "did you mean" not in str(info.value)
+
+
 def test_invariant_models_pass_the_pg_tilt_choice_to_the_family():
     import numpy as np
 
