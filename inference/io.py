@@ -50,7 +50,7 @@ from gpzoo.inference.checkpoint import atomic_write, sigint_deferred
 from gpzoo.inference.fit import build_family
 from gpzoo.inference.linalg import float_dtype
 from gpzoo.inference.results import FitResult
-from gpzoo.models.errors import ModelFileError
+from gpzoo.models.errors import InvalidArgumentError, ModelFileError, check_flag
 
 __all__ = ["ALLOWED_MODULES", "FORMAT", "FORMAT_VERSION", "load", "save"]
 
@@ -165,19 +165,26 @@ def _distribution_args(d: Distribution, fail) -> dict:
     return args
 
 
-def save(result: FitResult, path) -> Path:
+def save(result: FitResult, path, *, overwrite: bool = False) -> Path:
     """Write ``result`` to the directory ``path`` (created if needed) as ``model.json`` + ``arrays.npz``.
 
     Everything but the model family (rebuilt on loading) is stored; see the module docstring for
-    the format. Returns the directory. Raises :class:`~gpzoo.models.errors.ModelFileError` when a
-    value cannot be stored loadably (e.g. a lambda, or a class outside :data:`ALLOWED_MODULES`) or
-    the directory cannot be written.
+    the format. Returns the directory. A directory that already holds files (a saved model or
+    anything else) is refused with :class:`~gpzoo.models.errors.InvalidArgumentError` naming
+    ``path``, before anything is written, unless ``overwrite=True``: then its ``model.json`` and
+    ``arrays.npz`` are replaced and any other file in it is left alone. Raises
+    :class:`~gpzoo.models.errors.ModelFileError` when a value cannot be stored loadably (e.g. a
+    lambda, or a class outside :data:`ALLOWED_MODULES`) or the directory cannot be written.
     """
     from gpzoo import __version__  # noqa: PLC0415 - the top-level package imports this module lazily
 
     if not isinstance(result, FitResult):
         raise ModelFileError(path, f"expected a FitResult to save, got {type(result).__name__}")
+    overwrite = check_flag(overwrite, "overwrite")
     directory = Path(path)
+    if not overwrite and directory.is_dir() and any(directory.iterdir()):
+        held = "a saved model" if (directory / MODEL_FILE).exists() else "files"
+        raise InvalidArgumentError("path", f"{str(directory)!r} already holds {held}; pass overwrite=True to replace it")
     encoder = _Encoder(directory)
     stored = {f.name: encoder.encode(getattr(result, f.name), f.name)
               for f in dataclasses.fields(result) if f.name not in REBUILT_FIELDS}

@@ -107,7 +107,9 @@ def fit_task(task: FitTask, X, y, options: FitOptions) -> str:
         res = fit(task.spec, X, y, steps=options.steps, batch_size=options.batch_size, seed=task.seed,
                   learning_rate=options.learning_rate, progress=options.progress, checkpoint_dir=task.checkpoints,
                   checkpoint_every=options.checkpoint_every, resume=options.resume)
-    save(res, task.saved)
+    # The run owns task.saved (its output directory was checked for another report before any fit);
+    # a save interrupted by a crash may have left part of a model there for --resume to replace.
+    save(res, task.saved, overwrite=True)
     shutil.rmtree(task.checkpoints, ignore_errors=True)
     return str(task.saved)
 

@@ -163,6 +163,20 @@ def test_a_second_seed_compiles_nothing_and_equals_a_fit_compiled_afresh(tmp_pat
         jax.config.update("jax_enable_x64", previous)
 
 
+def test_a_fit_task_replaces_what_an_interrupted_save_left(tmp_path):
+    """A task owns its saved-model folder: a partial model there (a crash mid-save, then --resume)
+    is replaced, where gpzoo.save alone refuses a non-empty folder."""
+    from gpzoo.inference.io import load  # noqa: PLC0415
+    from gpzoo.inference.tasks import fit_task  # noqa: PLC0415
+
+    (task,) = _svgp_tasks(tmp_path, [3])
+    task.saved.mkdir(parents=True)
+    (task.saved / "arrays.npz").write_bytes(b"partial")
+    X, y = _xy()
+    assert fit_task(task, X, y, FitOptions(steps=2, batch_size=10, learning_rate=0.05)) == str(task.saved)
+    assert load(task.saved).seed == 3
+
+
 def test_compile_cache_leaves_a_callers_own_cache_alone(tmp_path):
     jax.config.update("jax_compilation_cache_dir", str(tmp_path / "mine"))
     try:

@@ -18,7 +18,7 @@ from gpzoo.analysis.cli import main
 from gpzoo.inference import fit, predict
 from gpzoo.inference.io import FORMAT_VERSION, load, save
 from gpzoo.models import kernels, zoo
-from gpzoo.models.errors import ModelFileError
+from gpzoo.models.errors import InvalidArgumentError, ModelFileError
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -199,6 +199,32 @@ def test_unsaveable_values_are_refused_when_saving(saved, tmp_path):
     with pytest.raises(ModelFileError, match="diagnostics.callback"):
         save(res, tmp_path / "lambda")
     assert not (tmp_path / "lambda" / "model.json").exists()
+
+
+def test_an_existing_model_is_replaced_only_with_overwrite(saved, tmp_path):
+    res, _ = saved
+    target = save(res, tmp_path / "model")
+    other = dataclasses.replace(res, seed=res.seed + 7)
+    with pytest.raises(InvalidArgumentError, match="already holds a saved model; pass overwrite=True") as error:
+        save(other, target)
+    assert error.value.argument == "path"
+    assert load(target).seed == res.seed  # untouched
+    assert save(other, target, overwrite=True) == target
+    assert load(target).seed == res.seed + 7
+
+
+def test_a_folder_of_other_files_is_refused_and_an_empty_one_taken(saved, tmp_path):
+    res, _ = saved
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(InvalidArgumentError, match="already holds files") as error:
+        save(res, tmp_path)
+    assert error.value.argument == "path"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # nothing written
+    (tmp_path / "empty").mkdir()
+    assert load(save(res, tmp_path / "empty")).seed == res.seed
+    with pytest.raises(InvalidArgumentError) as error:
+        save(res, tmp_path / "new", overwrite="yes")
+    assert error.value.argument == "overwrite"
 
 
 def test_public_names():
