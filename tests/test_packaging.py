@@ -80,6 +80,14 @@ def test_wheel_holds_only_the_gpzoo_package(wheel):
     assert not missing, f"modules missing from the wheel (add their package to [tool.setuptools] packages): {missing}"
 
 
+def test_the_package_is_marked_typed_in_the_wheel_and_installed(wheel):
+    """PEP 561: ``gpzoo/py.typed`` ships in the wheel and is in the installed package."""
+    import importlib.resources  # noqa: PLC0415
+
+    assert "gpzoo/py.typed" in zipfile.ZipFile(wheel).namelist()
+    assert importlib.resources.files("gpzoo").joinpath("py.typed").is_file()
+
+
 def test_wheel_console_script_is_the_cli(wheel):
     with zipfile.ZipFile(wheel) as zf:
         (entry_points,) = [n for n in zf.namelist() if n.endswith(".dist-info/entry_points.txt")]
