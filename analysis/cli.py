@@ -8,14 +8,15 @@
                   --option conv.patch_shape=5x5 --option svgp-rbf.ard=true
     gpzoo report  reports/rectangles        # rebuild every file from the saved DataTrees
     gpzoo predict --model reports/rectangles/models/conv --data rectangles --out conv.csv   # or .nc
+    gpzoo predict --model reports/rectangles/models/conv --data my_inputs.npy --out conv.csv
 
 Thin by design: it loads a dataset, builds specs from the zoo with the dataset's facts and the
 ``--option MODEL.KEY=VALUE`` values (parsed to the types the model's builder declares, see
 ``zoo.options``), calls ``inference.fit`` (progress bars) and ``analysis.report.report``, and
 prints a summary table. ``fit`` and ``compare`` also save every fitted model to
 ``OUT/models/NAME/`` (``gpzoo.save``: ``model.json`` + ``arrays.npz``; ``--no-save-models`` skips
-it), which ``predict`` reads back (``gpzoo.load``) to write predictions for a dataset's split as
-CSV or netCDF.
+it), which ``predict`` reads back (``gpzoo.load``) to write predictions for a dataset's split, or
+for the user's own inputs in a ``.npy``/``.npz`` file (``datasets.read_inputs``), as CSV or netCDF.
 Every failure is one line on stderr (``gpzoo: error: ...``) and a non-zero exit status:
 2 for bad usage (unknown model or dataset, incompatible pair, bad option), 1 for a failure while
 running (unwritable directory, diverged fit, broken report directory, or an unexpected error —
@@ -185,20 +186,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fit_options(cmp_p, data_default=DEFAULT_DATA)
     rep_p = sub.add_parser("report", help="rebuild a report directory from its saved DataTrees (no refitting)")
     rep_p.add_argument("dir", type=Path, help="a directory written by `gpzoo fit` or `gpzoo compare`")
-    pred_p = sub.add_parser("predict", help="predict with a saved model on a dataset's split; write CSV or netCDF")
+    pred_p = sub.add_parser("predict", help="predict with a saved model on a dataset's split or your own inputs; "
+                                            "write CSV or netCDF")
     pred_p.add_argument("--model", required=True, type=Path,
                         help="a saved model: OUT/models/NAME written by `gpzoo fit`/`compare`, or any gpzoo.save directory")
-    pred_p.add_argument("--data", required=True, help="dataset name (see `gpzoo list`); its inputs must match the model's")
+    pred_p.add_argument("--data", required=True,
+                        help="dataset name (see `gpzoo list`), or a file of your own inputs: X.npy holding [N, D] "
+                             "(images also [N, H, W(, C)]), or X.npz holding them as X, with optional targets y, or "
+                             "as its only array (read without pickle); the inputs must match the model's. Without "
+                             "targets the output has no target column")
     pred_p.add_argument("--data-path", dest="data_paths", action="append", default=[], metavar="[KEY=]PATH",
                         help="file(s) of a local data set, as for `gpzoo compare`")
-    pred_p.add_argument("--split", choices=("test", "train"), default="test", help="which split to predict (default %(default)s)")
+    pred_p.add_argument("--split", choices=("test", "train"), default=None, help="which split of a dataset to predict (default test)")
     pred_p.add_argument("--num-points", type=_count_or_all, default=None,
                         help="points of the split: a dataset option where it has one, else a seeded subsample (default: all)")
     pred_p.add_argument("--seed", type=_non_negative_int, default=None,
                         help="seed of data generation and subsampling (default: the model's fit seed, as `gpzoo fit` used)")
     pred_p.add_argument("--out", required=True, type=Path,
                         help="output file: .csv (a row per point: index, f_mean/f_var per latent, y moments, class "
-                             "probabilities, predicted label, target) or .nc (the same as an xarray Dataset)")
+                             "probabilities, predicted label, target where known) or .nc (the same as an xarray Dataset)")
     return parser
 
 
@@ -511,26 +517,64 @@ def _cmd_predict(args, out) -> int:
     suffix = args.out.suffix.lower()
     if suffix not in PREDICTION_FORMATS:
         raise UsageError(f"--out {str(args.out)!r}: the suffix picks the format, one of {', '.join(PREDICTION_FORMATS)}")
+    if Path(args.data).suffix.lower() in INPUT_SUFFIXES:
+        return _predict_inputs(args, out)
+    split = args.split or "test"
     paths = _data_paths(args.data, args.data_paths)  # the data set's name and files are checked before the model loads
     _check_data_paths(args.data, paths)
     res = load(args.model)
     seed = res.seed if args.seed is None else args.seed
-    ds = _dataset(args.data, seed, {f"num_{args.split}": args.num_points}, paths)
-    X, y, index = _subset(getattr(ds, f"X_{args.split}"), getattr(ds, f"y_{args.split}"), args.num_points,
+    ds = _dataset(args.data, seed, {f"num_{split}": args.num_points}, paths)
+    X, y, index = _subset(getattr(ds, f"X_{split}"), getattr(ds, f"y_{split}"), args.num_points,
                           np.random.default_rng(seed))
     if X.shape[1:] != res.X_train.shape[1:]:
         raise UsageError(f"model {str(args.model)!r} takes inputs of {res.X_train.shape[1]} features but dataset "
                          f"{args.data!r} has {X.shape[1]}")
     table = _prediction_dataset(predict(res, X), index, y, attrs={
-        "model": res.spec.name, "model_path": str(args.model), "dataset": args.data, "split": args.split, "seed": seed})
+        "model": res.spec.name, "model_path": str(args.model), "dataset": args.data, "split": split, "seed": seed})
     _write_predictions(table, args.out)
-    print(f"predictions of {res.spec.name} for {len(index)} {args.split} point(s) of {args.data}: {args.out}", file=out)
+    print(f"predictions of {res.spec.name} for {len(index)} {split} point(s) of {args.data}: {args.out}", file=out)
+    return 0
+
+
+#: Suffixes of a ``--data`` file of the user's own inputs (gpzoo.analysis.datasets.INPUT_SUFFIXES).
+INPUT_SUFFIXES = (".npy", ".npz")
+
+
+def _predict_inputs(args, out) -> int:
+    """``gpzoo predict --data FILE.npy|FILE.npz``: predictions at the user's own inputs, which are
+    read without pickle and checked against the model's (datasets.read_inputs); the targets are
+    written where the file has them."""
+    import numpy as np  # noqa: PLC0415
+
+    from gpzoo.analysis.datasets import read_inputs  # noqa: PLC0415
+    from gpzoo.inference.fit import predict  # noqa: PLC0415
+    from gpzoo.inference.io import load  # noqa: PLC0415
+    from gpzoo.models.errors import InvalidArgumentError  # noqa: PLC0415
+
+    for flag, value in (("--data-path", args.data_paths), ("--split", args.split), ("--num-points", args.num_points),
+                        ("--seed", args.seed)):
+        if value not in (None, []):
+            raise UsageError(f"{flag} applies to a dataset, not to a file of inputs (--data {args.data!r})")
+    if not Path(args.data).is_file():
+        raise UsageError(f"--data {args.data!r}: no such file (a file of inputs: .npy, or .npz with X and optional y)")
+    res = load(args.model)
+    try:
+        X, y = read_inputs(args.data, res.X_train.shape[1], res.spec.image_shape, argument="--data")
+    except InvalidArgumentError as exc:
+        raise UsageError(str(exc)) from None
+    table = _prediction_dataset(predict(res, X), np.arange(X.shape[0]), y, attrs={
+        "model": res.spec.name, "model_path": str(args.model), "inputs": args.data})
+    _write_predictions(table, args.out)
+    note = "" if y is not None else " (the file has no targets y: no target column)"
+    print(f"predictions of {res.spec.name} for {X.shape[0]} input(s) in {args.data}{note}: {args.out}", file=out)
     return 0
 
 
 def _prediction_dataset(pred, index, y, attrs):
     """The predictions as an xarray Dataset on the split's row ``index``: q(f) moments ``[N, L]``, y
-    moments ``[N, K]``, class probabilities ``[N, C]`` and the predicted label where the task has classes."""
+    moments ``[N, K]``, class probabilities ``[N, C]`` and the predicted label where the task has classes,
+    and the targets ``y`` unless they are None (inputs without labels)."""
     import numpy as np  # noqa: PLC0415
     import xarray as xr  # noqa: PLC0415
 
@@ -539,7 +583,8 @@ def _prediction_dataset(pred, index, y, attrs):
     if pred.probs is not None:
         data["probs"] = (("index", "class"), pred.probs)
         data["label"] = ("index", np.argmax(pred.probs, axis=1))
-    data["y"] = ("index", np.asarray(y))
+    if y is not None:  # the targets, where they are known
+        data["y"] = ("index", np.asarray(y))
     return xr.Dataset(data, coords={"index": np.asarray(index)}, attrs=attrs)
 
 

@@ -29,6 +29,7 @@ import gzip
 import inspect
 import math
 import os
+import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -57,6 +58,7 @@ __all__ = [
     "load_idx",
     "load_numpy_images",
     "names",
+    "read_inputs",
     "read_idx",
     "rotate_images",
     "symmetric_toy_function",
@@ -931,6 +933,91 @@ def _labels(labels: np.ndarray, num: int, argument: str) -> np.ndarray:
     if labels.size and labels.min() < 0:
         raise DataError(argument, f"labels must be >= 0, got {labels.min()}")
     return labels.astype(np.int64)
+
+
+#: Suffixes of the files :func:`read_inputs` reads.
+INPUT_SUFFIXES = (".npy", ".npz")
+
+
+def read_inputs(path, input_dim: int, image_shape=None, *, argument: str = "path") -> tuple[np.ndarray, np.ndarray | None]:
+    """Inputs to predict at, from a file the user has, checked against a model's inputs: ``(X, y)``,
+    ``X`` float64 ``[N, input_dim]`` and ``y`` the labels ``[N]`` or None.
+
+    ``path`` is a ``.npy`` file holding the inputs, or a ``.npz`` archive holding them as ``X``
+    (with optional labels or targets ``y``) or as its only array. The inputs are ``[N, input_dim]``;
+    for an image model (``image_shape`` (H, W) or (H, W, C)) also ``[N, H, W]`` / ``[N, H, W, C]``,
+    and image values are integers 0..255 (scaled by 1/255) or floats in [0, 1], as the data sets'
+    images. Read with ``allow_pickle=False`` (an untrusted file's Python objects are refused, never
+    executed). Every problem is a typed error naming ``argument``: ``InvalidArgumentError`` for a
+    missing file or another suffix, ``DataError`` for an unreadable file, non-numeric or non-finite
+    values, ``ShapeError`` for inputs that do not fit the model or labels that do not match them.
+    """
+    name = os.fspath(path)
+    suffix = os.path.splitext(name)[1].lower()
+    if suffix not in INPUT_SUFFIXES:
+        raise InvalidArgumentError(argument, f"{name!r}: expected a {' or '.join(INPUT_SUFFIXES)} file of inputs")
+    if not os.path.isfile(name):
+        raise InvalidArgumentError(argument, f"no such file {name!r}")
+    with open(name, "rb") as fh:
+        magic = fh.read(6)
+    if not magic.startswith((b"\x93NUMPY", b"PK\x03\x04", b"PK\x05\x06")):  # .npy, or a (possibly empty) zip archive
+        raise DataError(argument, f"{name!r} is not a NumPy .npy/.npz file")
+    try:
+        loaded = np.load(name, allow_pickle=False)
+        if isinstance(loaded, np.ndarray):
+            X, y = loaded, None
+        else:
+            with loaded:
+                files = list(getattr(loaded, "files", ()))
+                key = "X" if "X" in files else (files[0] if len(files) == 1 else None)
+                if key is None:
+                    raise DataError(argument, f"{name!r} holds {', '.join(files) or 'nothing'}: expected the inputs as X "
+                                              "(labels as y, optional) or as its only array")
+                X = loaded[key]
+                y = loaded["y"] if key == "X" and "y" in files else None
+    except DataError:
+        raise
+    except ValueError as exc:
+        if "pickle" in str(exc):
+            raise DataError(argument, f"{name!r} holds Python objects, which are not read (allow_pickle=False)") from None
+        raise DataError(argument, f"{name!r} is not a NumPy .npy/.npz file ({exc})") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise DataError(argument, f"{name!r} cannot be read as a NumPy file ({exc})") from None
+    return _checked_inputs(X, y, int(input_dim), image_shape, argument, name)
+
+
+def _checked_inputs(X: np.ndarray, y, input_dim: int, image_shape, argument: str, name: str):
+    """:func:`read_inputs`'s checks of the arrays read from file ``name``."""
+    if X.dtype == bool or not np.issubdtype(X.dtype, np.integer) and not np.issubdtype(X.dtype, np.floating):
+        raise DataError(argument, f"{name!r}: inputs must be real numbers, got dtype {X.dtype}")
+    shapes = [(input_dim,)]
+    if image_shape is not None:
+        image = _normalise_image_shape(image_shape)
+        shapes += [image] + ([image[:2]] if len(image) == 3 and image[2] == 1 else [])
+    if X.ndim < 2 or X.shape[0] == 0 or tuple(X.shape[1:]) not in shapes:
+        wanted = " or ".join(f"[N, {', '.join(map(str, s))}]" for s in shapes)
+        raise ShapeError(argument, f"{name!r}: the model takes inputs {wanted} with N >= 1, got shape {X.shape}")
+    if image_shape is not None:
+        X = X.reshape(X.shape[0], input_dim)
+        if np.issubdtype(X.dtype, np.integer):
+            if X.min() < 0 or X.max() > 255:
+                raise DataError(argument, f"{name!r}: integer pixels must lie in 0..255, got {X.min()}..{X.max()}")
+            X = X / 255.0
+        X = X.astype(np.float64)
+        validate_images(X, image_shape, argument=argument)
+    else:
+        X = X.astype(np.float64)
+        finite = np.isfinite(X)
+        if not finite.all():
+            raise DataError(argument, f"{name!r}: inputs contain {X.size - np.count_nonzero(finite)} NaN/inf value(s)")
+    if y is not None:
+        if y.ndim == 2 and y.shape[1] == 1:
+            y = y[:, 0]
+        if y.ndim != 1 or y.shape[0] != X.shape[0]:
+            raise ShapeError(argument, f"{name!r}: expected {X.shape[0]} labels y [N], got shape {y.shape}")
+        if y.dtype == bool or not (np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.floating)):
+            raise DataError(argument, f"{name!r}: labels y must be real numbers, got dtype {y.dtype}")
+    return X, y
 
 
 def _local_dataset(name, X_train, y_train, X_test, y_test, image_shape, description) -> Dataset:

@@ -316,6 +316,66 @@ def test_predict_errors_are_one_line(compared, tmp_path, capsys):
     assert not any(tmp_path.iterdir())
 
 
+def test_predict_on_the_users_own_inputs(compared, tmp_path, capsys):
+    """`--data FILE.npy` / `FILE.npz`: predictions at the file's inputs, the same as the Python API's;
+    a target column only where the file has targets y."""
+    from gpzoo.inference import load, predict  # noqa: PLC0415
+
+    _, out, models = compared
+    svgp, conv = (out / "models" / name for name in ("svgp-rbf", "conv"))
+    rng = np.random.default_rng(5)
+    X = rng.uniform(0.0, 1.0, (5, 784))
+    np.save(tmp_path / "X.npy", X)
+    code, printed, err = _run(["predict", "--model", str(svgp), "--data", str(tmp_path / "X.npy"),
+                               "--out", str(tmp_path / "p.csv")], capsys)
+    assert code == 0, err
+    table = pd.read_csv(tmp_path / "p.csv")
+    assert list(table["index"]) == list(range(5)) and "y" not in table.columns and "no target column" in printed
+    np.testing.assert_allclose(table["f_mean"].values, predict(load(svgp), X).f_mean[:, 0], rtol=1e-12)
+    # an image model, images [N, 28, 28] as bytes (scaled by 1/255 as the data sets' are), with targets
+    images, y = rng.integers(0, 256, (4, 28, 28), dtype=np.uint8), np.array([0, 1, 1, 0])
+    np.savez(tmp_path / "images.npz", X=images, y=y)
+    code, _, err = _run(["predict", "--model", str(conv), "--data", str(tmp_path / "images.npz"),
+                         "--out", str(tmp_path / "images.nc")], capsys)
+    assert code == 0, err
+    import xarray as xr  # noqa: PLC0415
+
+    ds = xr.load_dataset(tmp_path / "images.nc")
+    np.testing.assert_array_equal(ds["y"].values, y)
+    assert ds.attrs["inputs"] == str(tmp_path / "images.npz") and "dataset" not in ds.attrs
+    np.testing.assert_allclose(ds["f_mean"].values, predict(load(conv), images.reshape(4, -1) / 255.0).f_mean, rtol=1e-12)
+    # an archive whose only array holds the inputs, whatever its name
+    np.savez(tmp_path / "only.npz", inputs=X[:2])
+    code, _, err = _run(["predict", "--model", str(svgp), "--data", str(tmp_path / "only.npz"),
+                         "--out", str(tmp_path / "only.csv")], capsys)
+    assert code == 0, err
+    assert len(pd.read_csv(tmp_path / "only.csv")) == 2
+
+
+def test_predict_refuses_bad_input_files_in_one_line(compared, tmp_path, capsys):
+    _, out, _ = compared
+    model = str(out / "models" / "svgp-rbf")
+    files = tmp_path / "files"
+    files.mkdir()
+    np.save(files / "narrow.npy", np.zeros((3, 2)))
+    np.save(files / "objects.npy", np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    np.save(files / "nan.npy", np.full((2, 784), np.nan))
+    np.save(files / "text.npy", np.array([["a"] * 784]))
+    np.savez(files / "two.npz", a=np.zeros((2, 784)), b=np.zeros(2))
+    np.savez(files / "labels.npz", X=np.zeros((2, 784)), y=np.zeros(3))
+    (files / "broken.npz").write_bytes(b"not a zip archive")
+    expected = {"narrow.npy": "[N, 784]", "objects.npy": "Python objects", "nan.npy": "NaN", "text.npy": "real numbers",
+                "two.npz": "expected the inputs as X", "labels.npz": "expected 2 labels", "broken.npz": "is not a NumPy",
+                "missing.npy": "no such file"}
+    for name, words in expected.items():
+        line = _error(["predict", "--model", model, "--data", str(files / name), "--out", str(tmp_path / "p.csv")], capsys, 2)
+        assert "--data" in line and words in line, (name, line)
+    line = _error(["predict", "--model", model, "--data", str(files / "narrow.npy"), "--split", "train",
+                   "--out", str(tmp_path / "p.csv")], capsys, 2)
+    assert "--split applies to a dataset" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["files"]  # nothing written
+
+
 def test_save_models_is_on_unless_turned_off(tmp_path):
     from gpzoo.analysis.cli import build_parser  # noqa: PLC0415
 

@@ -507,3 +507,27 @@ def test_import_reads_nothing_and_loads_no_data_library():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     assert datasets._mnist_raw.cache_info().maxsize == 1  # loaded lazily, once per process
+
+
+def test_read_inputs_checks_untrusted_files_with_typed_errors(tmp_path):
+    from gpzoo.models.errors import DataError, InvalidArgumentError, ShapeError  # noqa: PLC0415
+
+    np.save(tmp_path / "X.npy", np.arange(6).reshape(2, 3))
+    X, y = datasets.read_inputs(tmp_path / "X.npy", 3)
+    assert X.dtype == np.float64 and X.shape == (2, 3) and y is None
+    np.savez(tmp_path / "Xy.npz", X=np.ones((2, 3), np.float32), y=np.array([[1.5], [2.0]]))
+    X, y = datasets.read_inputs(tmp_path / "Xy.npz", 3)
+    np.testing.assert_array_equal(y, [1.5, 2.0])
+    np.save(tmp_path / "images.npy", np.full((2, 2, 3), 255, np.uint8))  # [N, H, W] for an (H, W, 1) model
+    X, _ = datasets.read_inputs(tmp_path / "images.npy", 6, (2, 3, 1))
+    np.testing.assert_array_equal(X, np.ones((2, 6)))
+    np.save(tmp_path / "bright.npy", np.full((2, 6), 2.0))
+    np.save(tmp_path / "objects.npy", np.array([None, 1], dtype=object), allow_pickle=True)
+    np.save(tmp_path / "flat.npy", np.zeros(3))
+    (tmp_path / "X.csv").write_text("1,2,3\n")
+    for args, error in [((tmp_path / "X.npy", 4), ShapeError), ((tmp_path / "flat.npy", 3), ShapeError),
+                        ((tmp_path / "bright.npy", 6, (2, 3)), DataError), ((tmp_path / "objects.npy", 2), DataError),
+                        ((tmp_path / "X.csv", 3), InvalidArgumentError), ((tmp_path / "none.npy", 3), InvalidArgumentError)]:
+        with pytest.raises(error) as info:
+            datasets.read_inputs(*args, argument="inputs")
+        assert info.value.argument == "inputs", args
