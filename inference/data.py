@@ -151,7 +151,7 @@ def validate_source(spec, source: MemmapSource, y=None):
         raise ShapeError("y", f"has {y.shape[0]} rows but X has {len(source)}")
     if len(source) == 0:
         raise ShapeError("X", "is empty")
-    check = getattr(spec.kernel, "validate_inputs", None)
+    check = getattr(spec.covariance_model, "validate_inputs", None)
     for _, chunk in source.chunks("X"):
         if check is not None:
             check(chunk)
@@ -164,7 +164,7 @@ def check_new_source(res, source: MemmapSource, argument: str = "X_new") -> Memm
         raise ShapeError(argument, f"is empty (shape {source.shape}); pass at least one row")
     if source.shape[1] != res.X_train.shape[1]:
         raise ShapeError(argument, f"has {source.shape[1]} columns; the model was fitted on {res.X_train.shape[1]}")
-    check = getattr(res.spec.kernel, "validate_inputs", None)
+    check = getattr(res.spec.covariance_model, "validate_inputs", None)
     for _, chunk in source.chunks(argument):
         if check is not None:
             check(chunk)
@@ -188,7 +188,7 @@ def validate_data(spec, X, y):
         raise ShapeError("y", f"has {y.shape[0]} rows but X has {X.shape[0]}")
     if X.shape[0] == 0:
         raise ShapeError("X", "is empty")
-    check = getattr(spec.kernel, "validate_inputs", None)
+    check = getattr(spec.covariance_model, "validate_inputs", None)
     if check is not None:
         check(X)
     return X.astype(float_dtype()), y
@@ -201,7 +201,7 @@ def check_new_inputs(res, X, argument: str = "X_new") -> np.ndarray:
         raise ShapeError(argument, f"is empty (shape {X.shape}); pass at least one row")
     if X.shape[1] != res.X_train.shape[1]:
         raise ShapeError(argument, f"has {X.shape[1]} columns; the model was fitted on {res.X_train.shape[1]}")
-    check = getattr(res.spec.kernel, "validate_inputs", None)
+    check = getattr(res.spec.covariance_model, "validate_inputs", None)
     if check is not None:
         check(X)
     return X.astype(float_dtype())

@@ -1,4 +1,4 @@
-"""Deep kernel machines (DKMs) with stochastic kernel regularisation, as a pure-JAX program.
+"""Deep kernel machines (DKMs) with stochastic kernel regularisation: the network as a pure-JAX program.
 
 Implements Milsom, Anson, Aitchison 2024 (§2-3, Algorithm 1, App. A): fully connected and
 convolutional DKMs whose learned quantities are the inducing Gram matrices G^ℓ_ii of every layer,
@@ -9,7 +9,9 @@ trained on the DKM objective (their eq. 2; inducing form eq. 27)
 The intermediate KLs carry ν_ℓ because the deep GP behind a DKM has N_ℓ = N ν_ℓ features per layer
 and its prior is tempered by β = 1/N (App. A.1, eq. 12-14); the output-layer KL is not tempered
 (w_out = 1, eq. 14/27a) unless ``output_kl_weight`` says otherwise (e.g. 1/C, "per class").
-Under minibatching the likelihood sum is scaled by num_data / batch_size.
+Under minibatching the likelihood sum is scaled by num_data / batch_size. This module computes the
+network (the Gram layers, their KL terms, the output kernel); the objective is the bound of the
+NumPyro program built on it (:mod:`gpzoo.inference.dkm_family`), which ``gpzoo.fit`` maximises.
 
 One Gram layer ℓ (Algorithm 1):
 
@@ -31,11 +33,12 @@ on a first, deterministic pass, so G = K in every layer (the NNGP start) and eve
 Numerics (§3.2): everything runs in the dtype of the inputs (float32 end to end works). A failed
 Cholesky or a Nyström residual below −``residual_tol``·K_t is reported, with the layer and the
 stage, as a :class:`~gpzoo.models.errors.NumericalError` (never a NaN result): eagerly by
-:func:`objective` / :func:`predict`, and by :func:`train_dkm` at the training step where it
-happens (the parameters of the last good step are kept). Small negative residuals are rounding and
-are clipped to 0. The condition number of every G_ii is in the diagnostics (``aux["condition"]``).
+:func:`init_params` / :func:`predict` (:func:`check_numerics`), and by ``gpzoo.fit`` at the
+training step where it happens (:func:`gpzoo.inference.dkm_family.fit_dkm`). Small negative
+residuals are rounding and are clipped to 0. The condition number of every G_ii is in the
+diagnostics (``aux["condition"]``, with ``record_condition``; :func:`gram_condition_numbers` on the host).
 
-Parameters are a plain pytree (dicts and tuples of arrays), so optax and jax.jit take them as is;
+Parameters are a plain pytree (dicts and tuples of arrays), so jax.jit takes them as is;
 :class:`DKMConfig` holds everything static.
 """
 
@@ -43,14 +46,10 @@ from __future__ import annotations
 
 import functools
 import math
-import weakref
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-import threadpoolctl
-from jax.flatten_util import ravel_pytree
 from jax.scipy.linalg import cho_solve, solve_triangular
 
 from gpzoo.models import draws
@@ -58,7 +57,6 @@ from gpzoo.models.errors import (
     InvalidArgumentError,
     NumericalError,
     ShapeError,
-    TrainingError,
     as_float_array,
     is_concrete,
 )
@@ -91,7 +89,6 @@ __all__ = [
     "init_params",
     "forward",
     "compiled_forward",
-    "objective",
     "predict",
     "check_numerics",
     "gram_condition_numbers",
@@ -102,8 +99,6 @@ __all__ = [
     "skr_noise",
     "skr_noise_shapes",
     "wishart_from_noise",
-    "compiled_train_step",
-    "train_dkm",
 ]
 
 def layer_name(index: int) -> str:
@@ -650,7 +645,7 @@ def init_params(key, config: DKMConfig, X_init):
     return out["params"]
 
 
-# --------------------------------------------------------------------------- objective, prediction
+# --------------------------------------------------------------------------- numerics checks, prediction
 
 
 def check_numerics(aux, step: int | None = None) -> None:
@@ -665,26 +660,6 @@ def check_numerics(aux, step: int | None = None) -> None:
                 f"negative Nyström residual diag(K_tt − K_ti K_ii⁻¹ K_it): smallest relative value "
                 f"{float(checks['min_residual']):.3e}",
                 layer=layer, stage="Nyström residual", step=step)
-
-
-def _nu_array(config: DKMConfig, nu, dtype):
-    if nu is None:
-        nu = [config.layer_nu(i) for i in range(config.num_layers)]
-    return jnp.broadcast_to(jnp.asarray(nu, dtype), (config.num_layers,))
-
-
-def _objective_core(params, X, y, num_data, key, nu, *, config: DKMConfig, train: bool):
-    """Traceable body of :func:`objective` (``num_data`` and ``nu [L]`` may be traced)."""
-    k_forward, k_lik = jax.random.split(key)
-    out, aux = forward(params, config, X, k_forward, train=train)
-    C = out["f_mean"].shape[-1]
-    f_var = jnp.broadcast_to(out["f_var"][:, None], (out["f_var"].shape[0], C))  # [B, C]
-    ell = jnp.sum(config.likelihood.variational_expectation(y, out["f_mean"], f_var, k_lik))
-    ell = ell * (num_data / X.shape[0])
-    kl_layers = sum(nu[i] * aux["kl"][layer_name(i)] for i in range(config.num_layers))
-    value = ell - kl_layers - config.output_kl_weight * aux["kl"]["output"]
-    aux["ell"] = ell
-    return value, aux
 
 
 _JIT_CACHE: dict = {}
@@ -706,36 +681,6 @@ def compiled_forward(config: DKMConfig):
 
 def _all_concrete(*trees) -> bool:
     return all(is_concrete(leaf) for leaf in jax.tree_util.tree_leaves(trees))
-
-
-def objective(params, config: DKMConfig, X, y, num_data: int, key, train: bool = True, nu=None):
-    """The DKM objective (Milsom et al. 2024, eq. 2 / 27) on a minibatch, full-data scale.
-
-    value = (num_data / B) Σ_b E_q[log p(y_b | f_b)] − Σ_ℓ ν_ℓ KL_ℓ − w_out KL_out, with SKR
-    sampling when ``train``. Returns ``(value, aux)``; aux adds ``ell`` (the scaled likelihood
-    term) to the diagnostics of :func:`forward`. Called on concrete arrays it checks inputs,
-    runs one compiled program (cached per config) and raises typed errors on failed numerics;
-    under a caller's ``jit``/``grad`` it is traced and the caller checks ``aux``.
-    ``nu`` (optional, ``[L]`` or scalar, may be traced) overrides ``config.nu``.
-    """
-    _check_inputs(config, X, y)
-    if is_concrete(num_data) and not num_data >= 1:
-        raise InvalidArgumentError("num_data", f"must be a positive integer, got {num_data}")
-    if train and key is None:
-        raise InvalidArgumentError("key", "training mode samples the SKR Wishart noise and needs a PRNG key")
-    key = jax.random.PRNGKey(0) if key is None else key
-    if not _all_concrete(params, X, y, key, nu):
-        dtype = jnp.result_type(jax.tree_util.tree_leaves(params)[0])
-        return _objective_core(params, X, y, num_data, key, _nu_array(config, nu, dtype), config=config, train=train)
-    X = jnp.asarray(X)
-    nu_arr = _nu_array(config, nu, X.dtype)
-    run = _cached_jit(config, ("objective", bool(train)),
-                      lambda: functools.partial(_objective_core, config=config, train=bool(train)))
-    value, aux = run(params, X, jnp.asarray(y), jnp.asarray(num_data, X.dtype), key, nu_arr)
-    check_numerics(aux)
-    if not bool(jnp.isfinite(value)):
-        raise TrainingError("the DKM objective is not finite", step=None)
-    return value, aux
 
 
 def predict(params, config: DKMConfig, X, key=None):
@@ -769,90 +714,3 @@ def gram_condition_numbers(params) -> dict[str, float]:
         s = np.linalg.svd(np.asarray(chol_factor(lp["V"]), dtype=np.float64), compute_uv=False)
         result[layer_name(i)] = float((s[0] / s[-1]) ** 2)
     return result
-
-
-# --------------------------------------------------------------------------- a minimal trainer
-
-
-_STEP_CACHE: "weakref.WeakKeyDictionary[DKMConfig, dict]" = weakref.WeakKeyDictionary()
-
-
-def compiled_train_step(config: DKMConfig, num_data: int, batch_size: int, b1: float, b2: float):
-    """The jitted Adam step for one config and data size, compiled once and cached per config.
-
-    ν and the learning rate are arguments, so runs that differ only in them share the compile.
-    Returns ``(optimiser, step)``: Adam runs on the parameters raveled into one vector (one update
-    and one finiteness guard instead of one per leaf); ``optimiser.init(params)`` takes the pytree.
-    """
-    cache = _STEP_CACHE.setdefault(config, {})
-    cache_key = (num_data, batch_size, b1, b2)
-    if cache_key in cache:
-        return cache[cache_key]
-    adam = optax.scale_by_adam(b1=b1, b2=b2)
-
-    def loss_fn(p, Xb, yb, k, nu):
-        value, aux = _objective_core(p, Xb, yb, num_data, k, nu, config=config, train=True)
-        return -value / num_data, aux
-
-    @jax.jit
-    def step(p, state, k, X, y, nu, learning_rate):
-        k_batch, k_obj = jax.random.split(k)
-        if batch_size < num_data:
-            idx = jax.random.permutation(k_batch, num_data)[:batch_size]  # [B]
-            X, y = X[idx], y[idx]
-        # full batch: the objective is a sum over all points, so no permutation (a sort) and no gather
-        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, X, y, k_obj, nu)
-        flat_p, unravel = ravel_pytree(p)  # [n_params]: Adam and the guard on one vector
-        flat_g = ravel_pytree(grads)[0]
-        checks_ok = [c["chol_ok"] & c["residual_ok"] for c in aux["checks"].values()]
-        ok = jnp.isfinite(loss) & jnp.all(jnp.isfinite(flat_g)) & jnp.all(jnp.stack(checks_ok))
-        updates, new_state = adam.update(flat_g, state, flat_p)
-        new_p = jnp.where(ok, flat_p - learning_rate * updates, flat_p)
-        new_state = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new_state, state)
-        return unravel(new_p), new_state, loss, aux, ok
-
-    # the state lives on the flattened parameters (optax.flatten: init ravels the pytree)
-    cache[cache_key] = (optax.flatten(adam), step)
-    return cache[cache_key]
-
-
-def train_dkm(params, config: DKMConfig, X, y, *, steps: int, key, batch_size: int | None = None,
-              learning_rate: float = 1e-2, b1: float = 0.8, b2: float = 0.9, nu=None,
-              condition_every: int = 1):
-    """Maximise the objective with Adam (β = (0.8, 0.9), Milsom et al. 2024, §4.1), jitted steps.
-
-    Minimises −objective / num_data on random minibatches (full batch when ``batch_size`` is
-    None); ``nu`` overrides ``config.nu`` without recompiling. A step whose value or gradients are
-    not finite, or whose numerics checks fail, is not applied; the error is raised naming the step
-    (and the layer and stage when known). Returns ``(params, history)``: per-step ``loss`` and,
-    every ``condition_every`` steps (0: never), ``condition`` = (step, cond(G_ii) per layer). OpenBLAS
-    runs single-threaded meanwhile, as in ``gpzoo.fit`` (its threads made this loop's triangular
-    solves ~40× slower on a loaded 2-core machine). The full fitting loop (checkpoints, DataTree) is ``gpzoo.fit``'s job;
-    this is the small helper the tests use.
-    """
-    _check_inputs(config, X, y)
-    with threadpoolctl.threadpool_limits(1, user_api="blas"):  # as gpzoo.fit: BLAS threads slow LAPACK calls down
-        return _train_loop(params, config, jnp.asarray(X), jnp.asarray(y), steps, key, batch_size, learning_rate, b1, b2,
-                           nu, condition_every)
-
-
-def _train_loop(params, config, X, y, steps, key, batch_size, learning_rate, b1, b2, nu, condition_every):
-    N = X.shape[0]
-    B = N if batch_size is None else min(int(batch_size), N)
-    adam, step = compiled_train_step(config, N, B, b1, b2)
-    params = jax.tree_util.tree_map(lambda a: jnp.array(a, dtype=jnp.result_type(a)), params)  # no weak types
-    opt_state = adam.init(params)
-    dtype = jax.tree_util.tree_leaves(params)[0].dtype
-    nu_arr = _nu_array(config, nu, dtype)
-    lr = jnp.asarray(learning_rate, dtype)
-    history = {"loss": [], "condition": []}
-    for i in range(steps):
-        key, k = jax.random.split(key)
-        params, opt_state, loss, aux, ok = step(params, opt_state, k, X, y, nu_arr, lr)
-        if not bool(ok):
-            check_numerics(aux, step=i)
-            raise TrainingError(f"non-finite DKM loss or gradient at step {i}", step=i)
-        history["loss"].append(float(loss))
-        if condition_every and (i + 1) % condition_every == 0:
-            history["condition"].append((i, gram_condition_numbers(params)))
-    return params, history

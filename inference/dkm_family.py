@@ -23,9 +23,11 @@ noise of the model that the guide does not update), u ~ q(u) = N(μ_c, Σ) with 
 ``q_mu [L, P]`` and one covariance shared by the outputs (``q_sqrt [1, P, P]``, the paper's
 output layer, App. A.2), and f from the same conditional. ``Trace_ELBO`` of this pair is
 
-    (N/B) Σ_b E_q[log p(y_b | f_b)] − Σ_ℓ ν_ℓ KL_ℓ − KL(q(u) ‖ p(u)),
+    (N/B) Σ_b E_q[log p(y_b | f_b)] − Σ_ℓ ν_ℓ KL_ℓ − w_out KL(q(u) ‖ p(u)),
 
-the DKM objective (eq. 2 / 27) averaged over the SKR noise. The Gram terms are factors: they are
+the DKM objective (eq. 2 / 27) averaged over the SKR noise; it is what ``gpzoo.fit`` maximises
+(:func:`fit_dkm`). w_out is ``DKMConfig.output_kl_weight`` (1, the untempered output layer of
+eq. 14, unless set): the u sites of model and guide are scaled by it. The Gram terms are factors: they are
 the log densities of the point-estimated G_ℓ under their tempered prior, log p(G_ℓ | K_ℓ)^β with
 β = 1/N, which for a Wishart prior of N_ℓ = ν_ℓ N features is −ν_ℓ KL + const (eq. 12–14) — with
 a Taylor KL form (``DKMConfig.kl``) the factor is that approximation of it, nothing else. The
@@ -48,6 +50,7 @@ is in ``FitResult.diagnostics["gram_condition"]``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -132,7 +135,8 @@ jax.tree_util.register_pytree_node(GramInitialisation, lambda init: ((init.value
 def _init_gram(config, X, num_inducing, key, method):
     """The NNGP start on data X ``[N, D]`` (flattened images for conv): inducing inputs drawn from X."""
     if not isinstance(config, DKMConfig):
-        raise InvalidArgumentError("kernel", f"inducing kind {INDUCING_KIND!r} needs a DKMConfig, got {type(config).__name__}")
+        raise InvalidArgumentError("architecture", f"inducing kind {INDUCING_KIND!r} needs a deep kernel machine's DKMConfig "
+                                                   f"(the spec's architecture), got {type(config).__name__}")
     params = dkm.init_params(key, config, config.network_inputs(jnp.asarray(X, float_dtype())))
     values = flatten_network(params)
     S = dkm.chol_factor(params["output"]["V"])  # [P, P] = chol K_out,ii
@@ -163,15 +167,17 @@ class DeepKernelMachine(SVGP):
     """
 
     def __init__(self, spec, inducing: GramInitialisation, num_latent: int):
-        if not isinstance(spec.kernel, DKMConfig):
-            raise InvalidArgumentError("kernel", f"method 'dkm' needs a DKMConfig as the spec's kernel, got {type(spec.kernel).__name__}")
+        if not isinstance(spec.architecture, DKMConfig):
+            raise InvalidArgumentError("architecture", f"method 'dkm' needs a DKMConfig as the spec's architecture, got "
+                                                       f"{type(spec.architecture).__name__}")
         if not isinstance(inducing, GramInitialisation):
             raise InvalidArgumentError("inducing", f"method 'dkm' needs a GramInitialisation, got {type(inducing).__name__}")
-        if spec.kernel.num_outputs != num_latent:
-            raise InvalidArgumentError("num_latent", f"the DKM has {spec.kernel.num_outputs} outputs, the likelihood needs {num_latent}")
+        if spec.architecture.num_outputs != num_latent:
+            raise InvalidArgumentError("num_latent", f"the DKM has {spec.architecture.num_outputs} outputs, the likelihood needs "
+                                                     f"{num_latent}")
         self.spec, self.inducing, self.num_latent = spec, inducing, num_latent  # SVGP.__init__ factorises a Kuu: not here
         self.hyper_guide = None
-        self.config: DKMConfig = spec.kernel
+        self.config: DKMConfig = spec.architecture
         self.num_groups = 1
         self._checks = None  # the compiled test-mode checks (network_diagnostics)
 
@@ -242,10 +248,10 @@ class DeepKernelMachine(SVGP):
         return self._moments(K, L, ok, parts.q_mu, parts.q_sqrt, "full")
 
     def kl(self, parts: DKMParts):
-        """Every KL term of the objective (test-mode network): Σ_ℓ ν_ℓ KL_ℓ + KL(q(u) ‖ p(u))."""
+        """Every KL term of the objective (test-mode network): Σ_ℓ ν_ℓ KL_ℓ + w_out KL(q(u) ‖ p(u))."""
         _, _, _, aux, _ = self.network(parts.network, self._zero_input(parts.network))
         gram = sum(self.config.layer_nu(i) * aux["kl"][dkm.layer_name(i)] for i in range(self.config.num_layers))
-        return gram + super().kl(parts)
+        return gram + self.config.output_kl_weight * super().kl(parts)
 
     # ------------------------------------------------------------------ NumPyro program
     def model(self, X, y=None, num_data=None, data_indices=None):
@@ -256,7 +262,8 @@ class DeepKernelMachine(SVGP):
         numpyro.deterministic("jitter", jitter)
         for i in range(self.config.num_layers):
             numpyro.factor(f"{GRAM_KL_SITE}.{_layer_site(i)}", -self.config.layer_nu(i) * aux["kl"][dkm.layer_name(i)])
-        u = numpyro.sample(U_SITE, InducingPrior(L[None], self.num_latent, False))  # [L, P]
+        with self._output_kl_weight():
+            u = numpyro.sample(U_SITE, InducingPrior(L[None], self.num_latent, False))  # [L, P]
         batch = X.shape[0]
         infer = {}
         if y is not None:
@@ -274,10 +281,16 @@ class DeepKernelMachine(SVGP):
         network = self.network_params()
         K, L, _, _, ok = self.network(network, X, self._skr_noise())
         q_mu, q_sqrt = self.variational_params()
-        u = numpyro.sample(U_SITE, InducingPosterior(q_mu, q_sqrt, "full"))  # [L, P]
+        with self._output_kl_weight():
+            u = numpyro.sample(U_SITE, InducingPosterior(q_mu, q_sqrt, "full"))  # [L, P]
         batch = X.shape[0]
         with data_plate(num_data, batch):
             numpyro.sample(F_SITE, self._conditional_distribution(K, L, ok, u))  # [B, L]
+
+    def _output_kl_weight(self):
+        """Scales the u site's log densities by w_out = ``output_kl_weight`` (so the bound's KL(q(u) ‖ p(u)) by it)."""
+        weight = self.config.output_kl_weight
+        return contextlib.nullcontext() if weight == 1.0 else numpyro.handlers.scale(scale=weight)
 
     def _conditional_distribution(self, K, L, ok, u) -> dist.Distribution:
         """p(f | u) as independent Normals: batch ``[B]``, event ``[L]``."""

@@ -423,6 +423,6 @@ def inducing_for(spec, X, key, given=None) -> InducingVariables:
     """The inducing variables a fit starts from: ``given`` (checked by :func:`check_inducing`) or the
     spec's own kind, number and initialisation on the training inputs ``X`` ``[N, D]``."""
     if given is not None:
-        check_inducing(given, spec.kernel, X)
+        check_inducing(given, spec.covariance_model, X)
         return given
-    return initialise_inducing(spec.inducing, spec.kernel, X, spec.num_inducing, key, spec.inducing_init)
+    return initialise_inducing(spec.inducing, spec.covariance_model, X, spec.num_inducing, key, spec.inducing_init)

@@ -55,8 +55,12 @@ from gpzoo.models.errors import InvalidArgumentError, ModelFileError, check_flag
 __all__ = ["ALLOWED_MODULES", "FORMAT", "FORMAT_VERSION", "load", "save"]
 
 FORMAT = "gpzoo-model"
-#: Version of the file layout; :func:`load` refuses files with a larger one.
-FORMAT_VERSION = 1
+#: Version of the file layout; :func:`load` refuses files with a larger one. Version 2: a deep kernel
+#: machine's :class:`~gpzoo.models.dkm.DKMConfig` is the spec's ``architecture`` (its ``kernel`` is
+#: None); version 1 stored it as the ``kernel``, and :func:`load` moves it (:func:`_upgrade_v1`).
+FORMAT_VERSION = 2
+#: Qualified name of the deep kernel machine's architecture class, as files store it.
+_DKM_CONFIG = "gpzoo.models.dkm.DKMConfig"
 MODEL_FILE, ARRAYS_FILE = "model.json", "arrays.npz"
 #: Module prefixes :func:`load` may import classes and functions from.
 ALLOWED_MODULES = ("gpzoo", "numpyro.distributions")
@@ -357,6 +361,8 @@ def load(path) -> FitResult:
     document = _read_document(directory)
     decoder = _Decoder(directory / MODEL_FILE, _read_arrays(directory, document))
     stored = document["result"]
+    if document["format_version"] < 2:
+        stored = _upgrade_v1(stored)
     known = {f.name for f in dataclasses.fields(FitResult)} - set(REBUILT_FIELDS)
     unknown = sorted(set(stored) - known)
     if unknown:
@@ -369,6 +375,18 @@ def load(path) -> FitResult:
     result = FitResult(**values, family=family)
     _prepare_hyper_guide(result)
     return result
+
+
+def _upgrade_v1(stored: dict) -> dict:
+    """The stored result of a version-1 file in version 2's layout: a spec whose ``kernel`` is a
+    deep kernel machine's DKMConfig gets it as its ``architecture`` and ``kernel`` None. Every other
+    version-1 spec reads as it is (``architecture`` defaults to None)."""
+    spec = stored.get("spec")
+    fields = spec.get("fields") if isinstance(spec, dict) else None
+    kernel = fields.get("kernel") if isinstance(fields, dict) else None
+    if not (isinstance(kernel, dict) and kernel.get("type") == _DKM_CONFIG and "architecture" not in fields):
+        return stored
+    return {**stored, "spec": {**spec, "fields": {**fields, "kernel": None, "architecture": kernel}}}
 
 
 def _prepare_hyper_guide(result: FitResult) -> None:

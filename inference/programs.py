@@ -10,7 +10,8 @@ guide, built from a :class:`~gpzoo.models.zoo.ModelSpec`, inducing variables and
 latent functions) into
 
 * a :class:`FamilyDefinition`: hashable and compared by value — the family's class, the pytree
-  structure of kernel, likelihood and inducing variables with their static fields, every
+  structure of kernel (or a deep kernel machine's architecture, whose layers, widths and
+  regularisers are all static fields), likelihood and inducing variables with their static fields, every
   non-array leaf (integers, flags, names), the spec's other fields, the number of latent
   functions and the default float dtype;
 * its array leaves: initial hyperparameter values, inducing inputs, fixed values and the
@@ -145,8 +146,9 @@ class FamilyDefinition:
             return original
         it = iter(leaves)
         merged = [next(it) if s is _DYNAMIC else (s.value if isinstance(s, ByIdentity) else _thaw(s)) for s in self.static_leaves]
-        kernel, likelihood, inducing = jax.tree_util.tree_unflatten(self.treedef, merged)
-        family = self.family_class(dataclasses.replace(spec, kernel=kernel, likelihood=likelihood), inducing, num_latent)
+        kernel, architecture, likelihood, inducing = jax.tree_util.tree_unflatten(self.treedef, merged)
+        family = self.family_class(dataclasses.replace(spec, kernel=kernel, architecture=architecture, likelihood=likelihood),
+                                   inducing, num_latent)
         family._definition = (self, tuple(leaves))
         return family
 
@@ -155,7 +157,7 @@ def _thaw(static):
     return np.frombuffer(static.data, dtype=np.dtype(static.dtype)).reshape(static.shape) if isinstance(static, _Array) else static
 
 
-_SPEC_EXCLUDED = ("kernel", "likelihood", "description")
+_SPEC_EXCLUDED = ("kernel", "architecture", "likelihood", "description")
 
 
 def definition_of(family) -> tuple[FamilyDefinition, tuple]:
@@ -164,7 +166,7 @@ def definition_of(family) -> tuple[FamilyDefinition, tuple]:
     if cached is not None:
         return cached
     spec = family.spec
-    tree = (spec.kernel, spec.likelihood, family.inducing)
+    tree = (spec.kernel, spec.architecture, spec.likelihood, family.inducing)
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     dynamic, static = [], []
     for leaf in leaves:

@@ -4,7 +4,8 @@ What a DKM *is*: its Gram layers (widths P_ℓ, conv filters and strides, batch 
 normalisation, skip connections), the kernel nonlinearity, the output likelihood, and the
 regularisers of its objective (ν, SKR's γ and λ, the KL form). The program that computes with it
 is :mod:`gpzoo.inference.dkm`; the zoo entries ``dkm`` and ``conv-dkm`` build one
-(:mod:`gpzoo.models.zoo_dkm`) and it is the ``kernel`` of their :class:`~gpzoo.models.zoo_core.ModelSpec`.
+(:mod:`gpzoo.models.zoo_dkm`) and it is the ``architecture`` of their :class:`~gpzoo.models.zoo_core.ModelSpec`
+(whose ``kernel`` is None); :func:`gpzoo.models.zoo_dkm.architecture_spec` makes the spec of any other.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class DKMConfig:
     nu: ν per layer (one float for all); skr: Wishart sampling on/off in training;
     skr_gamma: γ (None: ceil(P_ℓ/4)); skr_jitter: λ, added to G̃ in training and test alike
     (``skr=False`` with λ > 0 is the paper's "no SKR but keep jitter" ablation). kl: one of :data:`KL_FORMS` (see :func:`gram_kl`).
-    output_kl_weight: w_out (1: untempered, eq. 14). kernel_jitter: added to every K_ii as
+    output_kl_weight: w_out, the weight of the output layer's KL (1: untempered, eq. 14). kernel_jitter: added to every K_ii as
     ``kernel_jitter · mean(diag K_ii) · I`` (named and reported in ``aux["jitter"]``). Its default
     1e-4 is a training-stability setting, not only a factorisation guard: the learned factor V of
     G = V Vᵀ starts at chol(K_ii), whose smallest diagonal entries are ≈ √kernel_jitter · √mean(diag K)
@@ -68,7 +69,8 @@ class DKMConfig:
     stabilises every kernel with (1 + 1e-4)·diag + 1e-4, about 2e-4 relative for unit diagonals.
     residual_tol: relative tolerance of negative Nyström residuals (None: 10·√eps of the dtype).
     record_condition: also compute cond(G_ii) inside the traced program (an SVD per layer, which
-    roughly doubles compile time); :func:`train_dkm` records them on the host instead.
+    roughly doubles compile time); ``gpzoo.fit`` records them on the host instead, at the start and
+    the end of a fit (``FitResult.diagnostics["gram_condition"]``).
     image_shape (conv): ``(H, W)`` or ``(H, W, C)`` of the images when inputs come flattened
     ``[N, H·W·C]`` (as ``gpzoo.fit`` passes them; :meth:`network_inputs`).
     """

@@ -32,6 +32,7 @@ import numpy as np
 
 from numpyro.distributions import Distribution
 
+from gpzoo.models.dkm import DKMConfig
 from gpzoo.models.errors import GPZooError, InvalidArgumentError, check_integer, is_number
 from gpzoo.models.kernels import Kernel
 from gpzoo.models.kernels.convolutional import image_dims
@@ -61,13 +62,24 @@ class UnknownModelError(GPZooError, KeyError):
 class ModelSpec:
     """Everything that defines a zoo model, independent of how it is fitted.
 
+    The prior over the latent functions is given by exactly one of two fields:
+
+    * ``kernel`` — the covariance function of a GP model (every family but the deep kernel machine);
+    * ``architecture`` — a deep kernel machine's :class:`~gpzoo.models.dkm.DKMConfig` (its Gram
+      layers, kernel nonlinearity and regularisers; Milsom, Anson, Aitchison 2024), whose learned
+      Gram matrices give the output GP's covariance. ``kernel`` is then None.
+
+    :attr:`covariance_model` is whichever is set: the inputs are checked against it and the
+    inducing variables initialised from it. A spec with neither, with both, or with a ``DKMConfig``
+    as its ``kernel`` is refused (``InvalidArgumentError`` naming the field).
+
     ``inducing`` names the inducing-variable kind ("points", "patches", ... or a tuple of kinds for
     a sum kernel with separate inducing sets); ``method`` names the inference family in
     :mod:`gpzoo.inference` ("svgp" for the sparse variational GP of van der Wilk et al. 2017, §2.1).
     """
 
     name: str
-    kernel: Kernel
+    kernel: Kernel | None
     likelihood: Likelihood
     num_inducing: int = 16
     inducing: str | tuple[str, ...] = "points"
@@ -80,6 +92,26 @@ class ModelSpec:
     image_shape: tuple[int, ...] | None = None
     description: str = ""
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    architecture: DKMConfig | None = None
+
+    def __post_init__(self):
+        if isinstance(self.kernel, DKMConfig):
+            raise InvalidArgumentError("kernel", "a DKMConfig is a deep kernel machine's architecture, not a kernel: pass it "
+                                                 "as architecture=..., with kernel=None")
+        if self.architecture is not None and not isinstance(self.architecture, DKMConfig):
+            raise InvalidArgumentError("architecture", f"expected a DKMConfig (a deep kernel machine) or None, got "
+                                                       f"{type(self.architecture).__name__}")
+        if self.kernel is None and self.architecture is None:
+            raise InvalidArgumentError("kernel", "a model needs a kernel (or, for a deep kernel machine, an architecture)")
+        if self.kernel is not None and self.architecture is not None:
+            raise InvalidArgumentError("architecture", "a model has a kernel or a deep kernel machine's architecture, not "
+                                                       "both; set kernel=None")
+
+    @property
+    def covariance_model(self) -> Kernel | DKMConfig:
+        """The kernel, or a deep kernel machine's architecture: what the inputs are checked against
+        (its ``validate_inputs``, where it has one) and the inducing variables are initialised from."""
+        return self.kernel if self.architecture is None else self.architecture
 
     def replace(self, **changes) -> "ModelSpec":
         return dataclasses.replace(self, **changes)
@@ -133,8 +165,9 @@ class Common:
         """The given likelihood, else the task's default (:func:`default_likelihood`)."""
         return self.likelihood or default_likelihood(self.task, self.num_classes)
 
-    def spec(self, name: str, kernel: Kernel, **fields) -> ModelSpec:
-        """A :class:`ModelSpec` with these options; ``fields`` set or override the others."""
+    def spec(self, name: str, kernel: Kernel | None, **fields) -> ModelSpec:
+        """A :class:`ModelSpec` with these options; ``fields`` set or override the others (a deep
+        kernel machine passes ``kernel=None`` and its ``architecture`` among them)."""
         values = dict(likelihood=self.resolved_likelihood(), num_inducing=self.num_inducing, whiten=self.whiten,
                       q_structure=self.q_structure, inducing_init=self.inducing_init,
                       image_shape=tuple(self.image_shape) if self.image_shape else None)

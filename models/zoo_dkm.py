@@ -9,8 +9,9 @@
   normalisation after every layer, global average pooling (or a ``flatten`` head) before the
   output GP.
 
-The spec's ``kernel`` is the architecture (:class:`~gpzoo.models.dkm.DKMConfig`), its method
-``"dkm"`` (:mod:`gpzoo.inference.dkm_family`: the NumPyro program and its fitter). q(u) of the
+The spec's ``architecture`` is the network (:class:`~gpzoo.models.dkm.DKMConfig`; its ``kernel``
+is None), its method ``"dkm"`` (:mod:`gpzoo.inference.dkm_family`: the NumPyro program and its
+fitter); :func:`architecture_spec` makes the spec of any other ``DKMConfig``. q(u) of the
 output layer is unwhitened with one covariance shared by the outputs, as in the paper: ``whiten`` does
 not apply (it is ignored) and a ``q_structure`` other than ``"full"`` is refused by name.
 
@@ -67,6 +68,28 @@ def _regularisers(nu, skr, skr_gamma, skr_jitter, kl, kernel) -> dict:
     return dict(nu=float(nu), skr=bool(skr), skr_gamma=skr_gamma, skr_jitter=float(skr_jitter), kl=kl, kernel=kernel)
 
 
+#: Fields every deep kernel machine's spec sets: unwhitened q(u) with one full covariance (module docstring).
+_DKM_FIELDS = dict(inducing="dkm-gram", method="dkm", whiten=False, q_structure="full")
+
+
+def architecture_spec(config: DKMConfig, name: str = "dkm", **fields) -> ModelSpec:
+    """The :class:`ModelSpec` that fits the deep kernel machine ``config`` as it is (``gpzoo.fit(spec, X, y)``).
+
+    Its likelihood is the config's, its number of inducing inputs P₀ the config's, its inputs
+    flattened images for a conv config (``config.image_shape`` is then needed) and tables
+    otherwise; ``fields`` set the rest (``description``, ``jitter``, ...). For architectures the
+    zoo's ``dkm`` and ``conv-dkm`` options do not reach (a Gram layer's jitter, batch-norm mode, ...).
+    """
+    if not isinstance(config, DKMConfig):
+        raise InvalidArgumentError("architecture", f"expected a DKMConfig, got {type(config).__name__}")
+    conv = config.architecture == "conv"
+    if conv and config.image_shape is None:
+        raise InvalidArgumentError("image_shape", "a convolutional DKM fitted on flattened images needs the config's image_shape")
+    values = dict(_DKM_FIELDS, num_inducing=config.input_inducing, input_kind="image" if conv else "any",
+                  image_shape=tuple(config.image_shape) if conv else None)
+    return ModelSpec(name=name, kernel=None, likelihood=config.likelihood, architecture=config, **(values | fields))
+
+
 def _dkm_spec(common: Common, name: str, config_fields: dict, input_kind: str, image_shape) -> ModelSpec:
     if common.q_structure != "full":  # the output GP's covariance is one full Σ shared by the outputs
         raise InvalidArgumentError("q_structure", f"a deep kernel machine's output layer has one full covariance shared "
@@ -74,8 +97,8 @@ def _dkm_spec(common: Common, name: str, config_fields: dict, input_kind: str, i
     likelihood = common.resolved_likelihood()
     config = DKMConfig(likelihood=likelihood, num_outputs=likelihood.num_latent(common.num_classes),
                        num_input_inducing=common.num_inducing, image_shape=image_shape, **config_fields)
-    return common.spec(name, config, likelihood=likelihood, inducing="dkm-gram", method="dkm", whiten=False,
-                       q_structure="full", input_kind=input_kind, image_shape=image_shape)
+    return common.spec(name, None, architecture=config, likelihood=likelihood, input_kind=input_kind,
+                       image_shape=image_shape, **_DKM_FIELDS)
 
 
 @register("dkm", "Fully connected deep kernel machine: learned Gram matrices, SKR, Taylor KL (Milsom et al. 2024)",

@@ -4,13 +4,16 @@ float64 throughout (conftest) except the one float32 check. Sizes are small so t
 in well under a minute; configs are shared so each jitted program compiles once.
 """
 
+import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
+from gpzoo.inference import fit
 from gpzoo.inference.dkm import (
     DKMConfig,
     GramLayerSpec,
@@ -20,13 +23,15 @@ from gpzoo.inference.dkm import (
     gram_kl,
     init_params,
     nystrom,
-    objective,
     predict,
     raw_from_chol,
-    train_dkm,
     wishart_skr,
 )
+from gpzoo.inference.dkm_family import INDUCING_KIND, GramInitialisation
+from gpzoo.inference.elbo import FastELBO
+from gpzoo.inference.inducing import initialise_inducing, register_initialiser
 from gpzoo.models.errors import NumericalError
+from gpzoo.models.zoo_dkm import architecture_spec
 from gpzoo.models.kernels.gram import (
     GramBlocks,
     arccos_kernel,
@@ -314,35 +319,45 @@ def test_fc_dkm_at_K_equals_nngp_recursion(toy, fc_config):
     assert all(abs(float(kl)) < 1e-9 for kl in aux["kl"].values())
 
 
-def _relative_gram_moves(params, config, X):
-    _, aux = compiled_forward(config)(params, jnp.asarray(X[:2]))
+def _fit(config, X, y, steps, **changes):
+    """``gpzoo.fit`` of ``config`` (with ``changes``) by Adam with the paper's β = (0.8, 0.9), lr 1e-4, full batch."""
+    return fit(architecture_spec(dataclasses.replace(config, **changes)), X, y, steps=steps, seed=1, progress=False,
+               optimizer=optax.adam(1e-4, b1=0.8, b2=0.9))
+
+
+def _relative_gram_moves(res, X):
+    """‖G_ℓ − K_ℓ‖/‖K_ℓ‖ of every Gram layer at the fitted parameters (K_ℓ: the prior kernel the KL compares G_ℓ with)."""
+    aux = res.family.network_diagnostics(res.params, X[:2])
     moves = []
-    for i, lp in enumerate(params["layers"]):
-        V = chol_factor(lp["V"])
+    for i in range(res.spec.architecture.num_layers):
+        V = chol_factor(jnp.asarray(res.params[f"dkm.layer_{i + 1}.V"]))
         K = aux["K_ii"][f"layer {i + 1}"]
         moves.append(float(jnp.linalg.norm(V @ V.T - K) / jnp.linalg.norm(K)))
     return moves
 
 
 def test_training_at_huge_nu_keeps_G_at_K(toy, fc_config):
+    """Through ``gpzoo.fit``: ν = 1e9 holds every G_ℓ at the NNGP kernel K_ℓ, ν = 1e-3 lets it move."""
     X, y = toy
-    params = init_params(jax.random.PRNGKey(0), fc_config, X)
-    kw = dict(steps=25, key=jax.random.PRNGKey(1), learning_rate=1e-4)
-    held, _ = train_dkm(params, fc_config, X, y, nu=1e9, **kw)
-    free, history = train_dkm(params, fc_config, X, y, nu=1e-3, **kw)
-    held_moves = _relative_gram_moves(held, fc_config, X)
-    free_moves = _relative_gram_moves(free, fc_config, X)
+    held = _fit(fc_config, X, y, 25, nu=1e9)
+    free = _fit(fc_config, X, y, 25, nu=1e-3)
+    held_moves = _relative_gram_moves(held, X)
+    free_moves = _relative_gram_moves(free, X)
     assert max(held_moves) < 1e-3
     assert max(free_moves) > 3 * max(held_moves)
-    # training raised the objective: compared at one key (common random numbers), since the loss
-    # history's 8-sample Monte Carlo noise (±0.14 per point here) dwarfs 25 steps' gain at lr 1e-4
-    key = jax.random.PRNGKey(7)
-    before = objective(params, fc_config, X, y, len(y), key, nu=1e-3)[0]
-    after = objective(free, fc_config, X, y, len(y), key, nu=1e-3)[0]
-    assert float(after) > float(before)
-    assert len(history["loss"]) == 25 and np.all(np.isfinite(history["loss"]))
-    steps, conds = history["condition"][-1]
-    assert steps == 24 and all(1.0 <= c < 1e8 for c in conds.values())
+    # training raised the objective: the bound fit maximises compared at one key (common random numbers),
+    # since its 8-sample Monte Carlo noise dwarfs 25 steps' gain at lr 1e-4
+    key, family = jax.random.PRNGKey(7), free.family
+
+    def bound(params):
+        return float(-FastELBO().loss(key, params, family.model, family.guide, jnp.asarray(X), jnp.asarray(y, float),
+                                      num_data=len(y)))
+
+    assert bound(free.params) > bound(family.inducing.values)
+    history = free.objective_history
+    assert len(history) == 25 and np.all(np.isfinite(history))
+    conds = free.diagnostics["gram_condition"]["end"]
+    assert set(conds) == {"layer 1", "layer 2", "layer 3"} and all(1.0 <= c < 1e8 for c in conds.values())
 
 
 def test_conv_dkm_initialisation_is_the_nngp_start_in_every_layer():
@@ -380,15 +395,28 @@ def test_float32_gram_matches_float64(toy, fc_config):
     assert float(err) < 1e-3
 
 
+def _dead_layer_2(params):
+    """``params`` with layer 2's kernel scale and bias underflowed to 0 (exp(−1e3)): its K_ii is the zero matrix."""
+    layers = list(params["layers"])
+    dead = jnp.full((), -1e3)
+    layers[1] = dict(layers[1], log_scale=dead, log_bias=dead)
+    return dict(params, layers=tuple(layers))
+
+
+@register_initialiser("dkm-gram-zero-kernel-layer-2")
+def _zero_kernel_layer_2(config, X, num_inducing, key, method):
+    """The NNGP start with layer 2 dead as in :func:`_dead_layer_2` (no jitter in ``fc_config``)."""
+    values = dict(initialise_inducing(INDUCING_KIND, config, X, num_inducing, key, method).values)
+    values["dkm.layer_2.log_scale"] = values["dkm.layer_2.log_bias"] = np.asarray(-1e3, values["q_mu"].dtype)
+    return GramInitialisation(values)
+
+
 def test_failed_cholesky_names_layer_stage_and_step(toy, fc_config):
     X, y = toy
-    params = init_params(jax.random.PRNGKey(0), fc_config, X)
-    layers = list(params["layers"])
-    dead = jnp.full((), -1e3)  # exp underflows to 0: K of layer 2 is the zero matrix, no jitter
-    layers[1] = dict(layers[1], log_scale=dead, log_bias=dead)
-    broken = dict(params, layers=tuple(layers))
+    broken = _dead_layer_2(init_params(jax.random.PRNGKey(0), fc_config, X))
     with pytest.raises(NumericalError, match="layer 2, Cholesky of K_ii"):
         predict(broken, fc_config, X)
+    spec = architecture_spec(fc_config).replace(inducing="dkm-gram-zero-kernel-layer-2")
     with pytest.raises(NumericalError, match="training step 0") as err:
-        train_dkm(broken, fc_config, X, y, steps=2, key=jax.random.PRNGKey(2), learning_rate=1e-4)
+        fit(spec, X, y, steps=2, seed=2, learning_rate=1e-4, progress=False)
     assert err.value.layer == "layer 2" and err.value.stage == "Cholesky of K_ii"

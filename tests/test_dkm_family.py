@@ -13,12 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dkm_reference import core_params, evaluation_objective
 from gpzoo.inference import build_family, dkm, fit
 from gpzoo.inference.dkm_family import INDUCING_KIND, GramInitialisation, unflatten_network
 from gpzoo.inference.elbo import FastELBO
 from gpzoo.inference.inducing import initialise_inducing, register_initialiser
-from gpzoo.models import zoo
+from gpzoo.inference.programs import definition_of
+from gpzoo.models import kernels, zoo
+from gpzoo.models.dkm import DKMConfig
 from gpzoo.models.errors import InvalidArgumentError, NumericalError
+from gpzoo.models.zoo_dkm import architecture_spec
 
 
 def _data(n=24, d=3, seed=0):
@@ -27,23 +31,66 @@ def _data(n=24, d=3, seed=0):
     return X, (X[:, 0] * X[:, 1] > 0).astype(float)
 
 
-def test_program_bound_is_the_dkm_objective():
-    """FastELBO of model + guide = the pure-JAX DKM objective (Milsom et al. 2024, eq. 27) at the same
-    parameters, with the exact KL and no SKR noise (both deterministic: Bernoulli by Gauss–Hermite)."""
+@pytest.mark.parametrize("output_kl_weight", [1.0, 0.25])
+def test_program_bound_is_the_dkm_objective(output_kl_weight):
+    """FastELBO of model + guide (what ``gpzoo.fit`` maximises) = the DKM objective (Milsom et al. 2024,
+    eq. 27) written out from the network's marginals and KL terms, at the same parameters, with the
+    exact KL and no SKR noise (both deterministic: Bernoulli by Gauss–Hermite); the output KL weighted
+    by w_out = ``output_kl_weight`` (1: the untempered output layer)."""
     X, y = _data()
     spec = zoo.get("dkm", input_dim=3, task="binary", num_inducing=8, depth=2, nu=0.3, kl="exact", skr=False)
-    init = initialise_inducing(spec.inducing, spec.kernel, X, spec.num_inducing, jax.random.PRNGKey(0))
+    spec = spec.replace(architecture=dataclasses.replace(spec.architecture, output_kl_weight=output_kl_weight))
+    init = initialise_inducing(spec.inducing, spec.covariance_model, X, spec.num_inducing, jax.random.PRNGKey(0))
     family = build_family(spec, init, 1)
     rng = np.random.default_rng(1)  # away from the NNGP start: every KL term non-zero
     params = {k: jnp.asarray(v + (0.1 * rng.normal(size=np.shape(v)) if k.endswith((".V", "q_mu")) else 0.0))
               for k, v in init.values.items()}
     fast = jax.jit(lambda p: -FastELBO().loss(jax.random.PRNGKey(0), p, family.model, family.guide,
                                               jnp.asarray(X), jnp.asarray(y), num_data=len(y)))(params)
-    core = unflatten_network(params, spec.kernel.num_layers)
-    core["output"] = dict(core["output"], mu=params["q_mu"].T, V=dkm.raw_from_chol(params["q_sqrt"][0]))
-    value, aux = dkm.objective(core, spec.kernel, jnp.asarray(X), y, len(y), None, train=False)
+    value, aux = evaluation_objective(core_params(params, spec.architecture), spec.architecture, jnp.asarray(X), y)
     np.testing.assert_allclose(float(fast), float(value), rtol=1e-9)
     assert min(float(aux["kl"][name]) for name in ("layer 1", "layer 2", "output")) > 1e-4
+
+
+def test_a_dkm_spec_holds_its_network_as_architecture_not_kernel():
+    """The zoo's DKM specs carry the DKMConfig as ``architecture`` (``kernel`` None); a DKMConfig as a
+    kernel, neither field, or both are refused naming the field; architecture_spec fits any config."""
+    spec = zoo.get("dkm", input_dim=3, task="binary", num_inducing=8, depth=2)
+    config = spec.architecture
+    assert spec.kernel is None and isinstance(config, DKMConfig) and spec.covariance_model is config
+    with pytest.raises(InvalidArgumentError) as info:
+        spec.replace(kernel=config, architecture=None)
+    assert info.value.argument == "kernel" and "architecture" in str(info.value)
+    with pytest.raises(InvalidArgumentError) as info:
+        spec.replace(architecture=None)
+    assert info.value.argument == "kernel"
+    with pytest.raises(InvalidArgumentError) as info:
+        spec.replace(kernel=kernels.SquaredExponential())
+    assert info.value.argument == "architecture"
+    with pytest.raises(InvalidArgumentError) as info:
+        spec.replace(architecture="fc")
+    assert info.value.argument == "architecture"
+    own = architecture_spec(config)
+    assert (own.kernel, own.architecture, own.likelihood, own.method, own.inducing, own.num_inducing) == \
+        (None, config, config.likelihood, "dkm", "dkm-gram", 8)
+    conv = zoo.get("conv-dkm", image_shape=(6, 6), task="binary", num_inducing=3).architecture
+    with pytest.raises(InvalidArgumentError, match="image_shape"):
+        architecture_spec(dataclasses.replace(conv, image_shape=None))
+
+
+def test_equal_dkm_specs_have_equal_family_definitions():
+    """The architecture is static structure of the compiled programs: two builds of one zoo model give
+    equal (and equally hashed) family definitions, while another ν or another width gives another."""
+    X, _ = _data()
+
+    def definition(**options):
+        spec = zoo.get("dkm", input_dim=3, task="binary", num_inducing=8, depth=2, **options)
+        init = initialise_inducing(spec.inducing, spec.covariance_model, X, spec.num_inducing, jax.random.PRNGKey(0))
+        return definition_of(build_family(spec, init, 1))[0]
+
+    first, second = definition(), definition()
+    assert first == second and hash(first) == hash(second)
+    assert definition(nu=0.5) != first and definition(widths=(8, 6)) != first
 
 
 @pytest.fixture(scope="module")
@@ -84,14 +131,14 @@ def test_failed_cholesky_in_a_fit_names_layer_stage_and_step(fitted_dkm, float32
 
 def test_conv_dkm_options_build_a_resnet_style_stack():
     facts = dict(input_dim=64, image_shape=(8, 8), task="multiclass", num_classes=3, num_inducing=4)
-    config = zoo.get("conv-dkm", depth=4, nu=0.01, skr_gamma=2, skr_jitter=0.05, kl="taylor_frobenius", **facts).kernel
+    config = zoo.get("conv-dkm", depth=4, nu=0.01, skr_gamma=2, skr_jitter=0.05, kl="taylor_frobenius", **facts).architecture
     assert [layer.num_inducing for layer in config.layers] == [4, 4, 8, 8]
     assert [layer.stride for layer in config.layers] == [1, 1, 2, 1]  # one stride-2 stage
     assert [layer.skip_from for layer in config.layers] == [None, -1, None, 1]  # a skip around every pair
     assert all(layer.batch_norm for layer in config.layers)
     assert (config.nu, config.skr_gamma, config.skr_jitter, config.kl) == (0.01, 2, 0.05, "taylor_frobenius")
     assert config.num_outputs == 3 and config.image_shape == (8, 8) and config.head == "gap"
-    fc = zoo.get("dkm", input_dim=5, task="binary", depth=3, widths=(4, 6, 8)).kernel
+    fc = zoo.get("dkm", input_dim=5, task="binary", depth=3, widths=(4, 6, 8)).architecture
     assert [layer.num_inducing for layer in fc.layers] == [4, 6, 8] and fc.architecture == "fc"
     assert dataclasses.replace(fc).skr and fc.layer_gamma(2) == 2  # γ = ceil(P/4) by default
 
@@ -134,7 +181,7 @@ def test_conv_dkm_skips_across_the_stride_2_stage_on_odd_image_sizes(shape, fits
     X = rng.uniform(size=(n, int(np.prod(shape))))
     y = np.arange(n) % 2
     spec = zoo.get("conv-dkm", image_shape=shape, task="binary", num_inducing=3, depth=4)
-    config = spec.kernel
+    config = spec.architecture
     params = dkm.init_params(jax.random.PRNGKey(0), config, config.network_inputs(jnp.asarray(X)))
     _, blocks, _, _ = dkm.gram_layers(params, config, config.network_inputs(jnp.asarray(X)))
     expected = shape[:2]

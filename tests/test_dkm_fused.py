@@ -1,4 +1,5 @@
-"""The Nyström step (``dkm.nystrom``: K_ii factorised inside, closed-form VJP) against autodiff.
+"""The Nyström step (``dkm.nystrom``: K_ii factorised inside, closed-form VJP) against autodiff, and
+the training step ``gpzoo.fit`` runs on a DKM against optax's Adam.
 
 Values and gradients must equal those of the plain program (chol K_ii, the triangular solves of
 Milsom et al. 2024, eq. 32, differentiated by JAX: :func:`plain_nystrom` here), in float64 to
@@ -11,10 +12,19 @@ import numpy as np
 import pytest
 from jax.scipy.linalg import solve_triangular
 
-from gpzoo.inference import dkm
+import optax
+from numpyro.distributions import biject_to, constraints
+
+from gpzoo.inference import build_family, dkm, fit
+from gpzoo.inference.data import BatchSchedule
 from gpzoo.inference.dkm import DKMConfig, GramLayerSpec, nystrom
+from gpzoo.inference.dkm_family import INDUCING_KIND, GramInitialisation
+from gpzoo.inference.elbo import FastELBO
+from gpzoo.inference.inducing import initialise_inducing, register_initialiser
+from gpzoo.models.errors import NumericalError, TrainingError
 from gpzoo.models.kernels.gram import GramBlocks
-from gpzoo.models.likelihoods import Softmax
+from gpzoo.models.likelihoods import Bernoulli, Softmax
+from gpzoo.models.zoo_dkm import architecture_spec
 
 
 def _problem(dtype, spatial=()):
@@ -134,27 +144,40 @@ def test_output_moments_and_gradients_equal_the_triangular_solve_program(dtype):
         np.testing.assert_allclose(a, b, rtol=10 * rtol, atol=10 * atol)
 
 
+def _family(config, X, dtype):
+    """The model family ``gpzoo.fit`` builds for ``config`` on X (the NNGP start) and its initial parameters."""
+    spec = architecture_spec(config)
+    init = initialise_inducing(spec.inducing, spec.covariance_model, np.asarray(X), spec.num_inducing, jax.random.PRNGKey(0))
+    return build_family(spec, init, config.num_outputs), {k: jnp.asarray(v, dtype) for k, v in init.values.items()}
+
+
+def _bound(family, X, y, num_data):
+    """The bound ``gpzoo.fit`` maximises, ``(params, key) -> FastELBO`` of the family's model and guide."""
+    return lambda p, k: -FastELBO().loss(k, p, family.model, family.guide, X, y, num_data=num_data)
+
+
 @pytest.mark.parametrize("kl", ["taylor_frobenius", "exact"])
 def test_objective_and_gradient_equal_the_autodiff_program(monkeypatch, kl, precision):
-    """The whole training objective (an fc Gram layer with a mixing matrix 8 -> 6, SE kernel, softmax
-    output, SKR on) and its gradient are the same with ``dkm.nystrom`` and with :func:`plain_nystrom`,
-    in float64 to rounding and in float32 to single precision. The reference differentiates the exact KL
-    through its own factor of K_ii (:func:`plain_exact_kl`), where the library reuses the Nyström step's
-    factor and a closed-form VJP; the Taylor forms read K_ii."""
+    """The bound ``gpzoo.fit`` maximises (an fc Gram layer with a mixing matrix 8 -> 6, SE kernel, softmax
+    output, SKR on) and its gradient are the same with ``dkm.nystrom`` and with :func:`plain_nystrom`
+    in the Gram layer, in float64 to rounding and in float32 to single precision. The reference
+    differentiates the exact KL through its own factor of K_ii (:func:`plain_exact_kl`), where the
+    library reuses the Nyström step's factor and a closed-form VJP; the Taylor forms read K_ii."""
     dtype = jnp.float64 if precision == "float64" else jnp.float32
     rng = np.random.default_rng(5)
     X = jnp.asarray(rng.normal(size=(20, 2)), dtype)
-    y = jnp.asarray(rng.integers(0, 2, 20))
+    y = jnp.asarray(rng.integers(0, 2, 20), dtype)
     config = DKMConfig(layers=(GramLayerSpec(6),), likelihood=Softmax(num_classes=2, num_mc_samples=4),
                        num_outputs=2, num_input_inducing=8, kernel="squared_exponential", nu=0.5, skr=True,
                        skr_gamma=4, kl=kl)
-    params = dkm.init_params(jax.random.PRNGKey(0), config, X)
-    params = jax.tree_util.tree_map(  # move away from the NNGP start so every KL and gradient is non-zero
-        lambda a: a + jnp.asarray(0.05 * rng.normal(size=a.shape), a.dtype), params)
+    family, params = _family(config, X, dtype)
+    # move away from the NNGP start so every KL and gradient is non-zero (q_sqrt stays lower triangular)
+    params = {k: v + jnp.asarray(0.05 * (np.tril if k == "q_sqrt" else np.asarray)(rng.normal(size=v.shape)), dtype)
+              for k, v in params.items()}
     key = jax.random.PRNGKey(3)
 
     def value_and_grad():
-        return jax.jit(jax.value_and_grad(lambda p: dkm.objective(p, config, X, y, 40, key)[0]))(params)
+        return jax.jit(jax.value_and_grad(_bound(family, X, y, 40)))(params, key)
 
     value, grads = value_and_grad()
     monkeypatch.setattr(dkm, "nystrom", plain_nystrom)
@@ -234,34 +257,60 @@ def test_exact_kl_vjp_equals_autodiff_through_the_cholesky_factor(dtype):
         np.testing.assert_allclose(a, b, rtol=10 * rtol, atol=10 * atol * float(jnp.max(jnp.abs(b))))
 
 
-def test_train_step_on_raveled_parameters_is_adam_on_the_pytree():
-    """compiled_train_step runs Adam on one raveled vector: after two steps the parameters equal optax's
-    per-leaf Adam driven by the same gradients, and a non-finite step leaves parameters and state unchanged."""
-    import optax
+def _step_config():
+    return DKMConfig(layers=(GramLayerSpec(5),), likelihood=Bernoulli(), num_outputs=1, num_input_inducing=5,
+                     kernel="squared_exponential", skr=False, skr_jitter=0.0, kl="taylor_frobenius")
 
+
+def test_fit_step_is_adam_on_the_gradient_of_the_program_bound():
+    """``gpzoo.fit`` on a DKM runs Adam (here β = (0.8, 0.9), the paper's) on the gradient of the
+    program's bound with respect to the unconstrained parameters: after two steps its parameters equal
+    optax's per-leaf Adam driven by ``jax.grad`` of −FastELBO (q_sqrt through NumPyro's lower-Cholesky
+    bijection), on fit's own full-batch row order. Deterministic: no SKR, Bernoulli by Gauss–Hermite."""
     rng = np.random.default_rng(2)
-    X = jnp.asarray(rng.normal(size=(12, 2)))
-    y = jnp.asarray(rng.integers(0, 2, 12))
-    config = DKMConfig(layers=(GramLayerSpec(5),), likelihood=Softmax(num_classes=2, num_mc_samples=3), num_outputs=2,
-                       num_input_inducing=5, kernel="squared_exponential", skr=False, skr_jitter=0.0, kl="taylor_frobenius")
-    params = dkm.init_params(jax.random.PRNGKey(0), config, X)
-    opt, step = dkm.compiled_train_step(config, 12, 12, 0.8, 0.9)
-    nu, lr = jnp.asarray([config.nu]), jnp.asarray(1e-2)
-    adam = optax.scale_by_adam(b1=0.8, b2=0.9)
-    p, state, p_ref, state_ref = params, opt.init(params), params, adam.init(params)
-    grad = jax.jit(jax.grad(lambda q, k: -dkm.objective(q, config, X, y, 12, k)[0] / 12))  # compiled once for both steps
-    for i in range(2):
-        k = jax.random.PRNGKey(10 + i)
-        p, state, loss, _, ok = step(p, state, k, X, y, nu, lr)
-        grads = grad(p_ref, jax.random.split(k)[1])
-        updates, state_ref = adam.update(grads, state_ref, p_ref)
-        p_ref = jax.tree_util.tree_map(lambda a, u: a - 1e-2 * u, p_ref, updates)
-        assert bool(ok)
-    for a, b in zip(jax.tree_util.tree_leaves(p), jax.tree_util.tree_leaves(p_ref)):  # Adam's m/√v amplifies
-        np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-10)  # rounding in near-zero gradient entries
-    bad = jax.tree_util.tree_map(lambda a: a, p)
-    bad["output"] = dict(bad["output"], mu=bad["output"]["mu"].at[0, 0].set(jnp.nan))
-    p_bad, state_bad, _, _, ok = step(bad, state, jax.random.PRNGKey(3), X, y, nu, lr)
-    assert not bool(ok)
-    for a, b in zip(jax.tree_util.tree_leaves((p_bad, state_bad)), jax.tree_util.tree_leaves((bad, state))):
-        np.testing.assert_array_equal(a, b)
+    X = rng.normal(size=(12, 2))
+    y = rng.integers(0, 2, 12).astype(float)
+    config = _step_config()
+    adam = optax.adam(1e-2, b1=0.8, b2=0.9)
+    res = fit(architecture_spec(config), X, y, steps=2, seed=0, optimizer=adam, progress=False)
+    family = res.family
+    bijection = biject_to(constraints.lower_cholesky)
+
+    def loss(u, rows):  # −bound at unconstrained u on the rows of one step
+        params = dict(u, q_sqrt=bijection(u["q_sqrt"]))
+        return -_bound(family, jnp.asarray(X[rows]), jnp.asarray(y[rows]), 12)(params, jax.random.PRNGKey(0))
+
+    u = {k: jnp.asarray(v) for k, v in family.inducing.values.items()}
+    u["q_sqrt"] = bijection.inv(u["q_sqrt"])
+    state = adam.init(u)
+    batches = BatchSchedule(12, 12, 0)
+    for step in range(2):
+        grads = jax.grad(loss)(u, batches(step))
+        updates, state = adam.update(grads, state, u)
+        u = optax.apply_updates(u, updates)
+    u["q_sqrt"] = bijection(u["q_sqrt"])
+    assert u.keys() == res.params.keys()
+    for name, value in u.items():  # Adam's m/√v amplifies rounding in near-zero gradient entries
+        np.testing.assert_allclose(res.params[name], value, rtol=1e-7, atol=1e-10, err_msg=name)
+
+
+@register_initialiser("dkm-gram-nan-output-mean")
+def _nan_output_mean(config, X, num_inducing, key, method):
+    """The NNGP start with one entry of q(u)'s mean NaN (the network itself is sound)."""
+    values = dict(initialise_inducing(INDUCING_KIND, config, X, num_inducing, key, method).values)
+    values["q_mu"] = np.asarray(values["q_mu"]).copy()
+    values["q_mu"][0, 0] = np.nan
+    return GramInitialisation(values)
+
+
+def test_a_nan_in_the_parameters_stops_the_fit_naming_the_step():
+    """A non-finite parameter the network checks do not see stops ``gpzoo.fit`` at the step where the
+    bound became non-finite, with a ``TrainingError`` naming that step and the ELBO (not a
+    ``NumericalError``: no layer's Cholesky or Nyström residual failed)."""
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(12, 2))
+    y = rng.integers(0, 2, 12).astype(float)
+    spec = architecture_spec(_step_config()).replace(inducing="dkm-gram-nan-output-mean")
+    with pytest.raises(TrainingError, match="ELBO became nan at step 0") as err:
+        fit(spec, X, y, steps=2, seed=0, progress=False)
+    assert err.value.step == 0 and not isinstance(err.value, NumericalError)

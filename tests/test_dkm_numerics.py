@@ -4,9 +4,10 @@
   jitter so small that chol(K_ii) has diagonal entries below one Adam step of V's off-diagonals
   makes V an exponentially ill-conditioned triangular matrix within a few steps (the §4.2 toy's
   cond(G) went from 4e7 to 2.5e38 in 25 steps with a relative jitter of 1e-6).
-* SKR (eq. 4) is a reparameterised, unbiased perturbation: gradients reach every V through the
-  Wishart draw, and as γ grows the noise-averaged objective and its gradient approach the
-  deterministic G + λI network's, in the pure-JAX program and in the NumPyro program alike.
+* SKR (eq. 4) is a reparameterised, unbiased perturbation: gradients of the bound ``gpzoo.fit``
+  maximises reach every V through the Wishart draw, and as γ grows the noise-averaged bound and its
+  gradient approach those of the deterministic G + λI network (the same program without SKR), and
+  the bound approaches the test-mode DKM objective written out from the network.
 """
 
 import dataclasses
@@ -15,15 +16,17 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
-from gpzoo.inference import build_family, dkm
-from gpzoo.inference.dkm_family import unflatten_network
+from dkm_reference import core_params, evaluation_objective
+from gpzoo.inference import build_family, fit
 from gpzoo.inference.elbo import FastELBO
 from gpzoo.inference.inducing import initialise_inducing
 from gpzoo.models import zoo
 from gpzoo.models.dkm import DKMConfig, GramLayerSpec
 from gpzoo.models.likelihoods import Bernoulli
+from gpzoo.models.zoo_dkm import architecture_spec
 
 
 def _sine(num=128, seed=0):
@@ -40,18 +43,19 @@ def _toy_config(**kw):
 
 
 def _cond_growth(config, X, y, steps):
-    params = dkm.init_params(jax.random.PRNGKey(0), config, X)
-    start = dkm.gram_condition_numbers(params)["layer 1"]
-    trained, _ = dkm.train_dkm(params, config, X, y, steps=steps, key=jax.random.PRNGKey(1), learning_rate=0.01,
-                               nu=0.0, condition_every=0)
-    return start, dkm.gram_condition_numbers(trained)["layer 1"]
+    """cond(G) of the Gram layer at the start and after ``steps`` steps of ``gpzoo.fit`` (ν = 0, Adam
+    with the paper's β = (0.8, 0.9), lr 0.01, full batch)."""
+    res = fit(architecture_spec(dataclasses.replace(config, nu=0.0)), X, y, steps=steps, seed=0, progress=False,
+              optimizer=optax.adam(0.01, b1=0.8, b2=0.9))
+    conditions = res.diagnostics["gram_condition"]
+    return conditions["start"]["layer 1"], conditions["end"]["layer 1"]
 
 
 def test_adam_keeps_the_learned_gram_conditioned_at_the_default_jitter():
     """One SE Gram layer (P = 60) on two noisy sine classes, ν = 0, Adam lr 0.01 (the §4.2 toy),
-    float64: 25 steps at the default jitter leave cond(G) within 1e4 of its start (measured: 5e2),
-    while a relative jitter of 1e-6 lets it grow by more than 1e12 (measured: 2e17), the failure
-    the default prevents."""
+    float64, fitted by ``gpzoo.fit``: 25 steps at the default jitter leave cond(G) within 1e4 of its
+    start (measured: 6e2), while a relative jitter of 1e-6 lets it grow by more than 1e12
+    (measured: 5e15), the failure the default prevents."""
     X, y = _sine()
     start, end = _cond_growth(_toy_config(), X, y, 25)
     assert start < 1e7 and end < 1e4 * start, (start, end)
@@ -59,8 +63,8 @@ def test_adam_keeps_the_learned_gram_conditioned_at_the_default_jitter():
     assert end_small > 1e12 * start_small, (start_small, end_small)
 
 
-def _fc_spec(gamma):
-    return zoo.get("dkm", input_dim=3, task="binary", num_inducing=8, depth=2, nu=0.3, kl="exact", skr=True,
+def _fc_spec(gamma, skr=True):
+    return zoo.get("dkm", input_dim=3, task="binary", num_inducing=8, depth=2, nu=0.3, kl="exact", skr=skr,
                    skr_gamma=gamma)
 
 
@@ -70,58 +74,51 @@ def _perturbed(init):
             for k, v in init.values.items()}
 
 
-def _core_params(params, config):
-    core = unflatten_network(params, config.num_layers)
-    core["output"] = dict(core["output"], mu=params["q_mu"].T, V=dkm.raw_from_chol(params["q_sqrt"][0]))
-    return core
-
-
 @pytest.fixture(scope="module")
 def fc_problem():
     rng = np.random.default_rng(0)
     X = rng.normal(size=(24, 3))
     y = (X[:, 0] * X[:, 1] > 0).astype(float)
-    init = initialise_inducing("dkm-gram", _fc_spec(2).kernel, X, 8, jax.random.PRNGKey(0))
-    return jnp.asarray(X), jnp.asarray(y), _perturbed(init)
+    init = initialise_inducing("dkm-gram", _fc_spec(2).architecture, X, 8, jax.random.PRNGKey(0))
+    return jnp.asarray(X), jnp.asarray(y), init, _perturbed(init)
+
+
+def _bound(family, X, y):
+    """The bound ``gpzoo.fit`` maximises (FastELBO of the family's model and guide), ``(params, key) -> value``."""
+    return lambda p, k: -FastELBO().loss(k, p, family.model, family.guide, X, y, num_data=len(y))
 
 
 def test_skr_gradients_reach_every_gram_layer_and_are_unbiased_for_large_gamma(fc_problem):
-    """Pure-JAX objective (float64), γ = 1e5: every V gets a finite non-zero gradient through the
-    Wishart draw, and the mean over 8 draws of the training objective and of its V gradients equal
-    the test-mode (G + λI) network's to 1 % and 5 % (measured: 0.03 % and 0.5 %)."""
-    X, y, params = fc_problem
-    config = _fc_spec(100_000).kernel
-    core = _core_params(params, config)
-    nu = jnp.full((config.num_layers,), 0.3)
-
-    def value_and_grads(train):
-        return jax.jit(jax.value_and_grad(
-            lambda p, k: dkm._objective_core(p, X, y, len(y), k, nu, config=config, train=train)[0]))
-
-    train_step = value_and_grads(True)
-    draws = [train_step(core, k) for k in jax.random.split(jax.random.PRNGKey(3), 8)]
-    value0, grads0 = value_and_grads(False)(core, jax.random.PRNGKey(0))
+    """The fitted program's bound (float64), γ = 1e5: every V gets a finite non-zero gradient through the
+    Wishart draw, and the mean over 8 draws of the bound and of its V gradients equal those of the same
+    program without SKR (the deterministic G + λI network) to 1 % and 5 % (measured: 0.002 % and 0.3 %)."""
+    X, y, init, params = fc_problem
+    with_skr = jax.jit(jax.value_and_grad(_bound(build_family(_fc_spec(100_000), init, 1), X, y)))
+    without = jax.jit(jax.value_and_grad(_bound(build_family(_fc_spec(100_000, skr=False), init, 1), X, y)))
+    draws = [with_skr(params, k) for k in jax.random.split(jax.random.PRNGKey(3), 8)]
+    value0, grads0 = without(params, jax.random.PRNGKey(0))
     np.testing.assert_allclose(np.mean([float(v) for v, _ in draws]), float(value0), rtol=1e-2)
-    for i, layer0 in enumerate(grads0["layers"]):
-        each = np.stack([np.asarray(g["layers"][i]["V"]) for _, g in draws])  # [draws, P, P]
+    for i in range(2):
+        site = f"dkm.layer_{i + 1}.V"
+        each = np.stack([np.asarray(g[site]) for _, g in draws])  # [draws, P, P]
         assert np.all(np.isfinite(each)) and np.min(np.abs(each).sum(axis=(1, 2))) > 0
-        exact = np.asarray(layer0["V"])
+        exact = np.asarray(grads0[site])
         assert np.linalg.norm(each.mean(axis=0) - exact) < 0.05 * np.linalg.norm(exact)
 
 
 def test_skr_program_bound_tends_to_the_test_mode_objective(fc_problem, float32):
     """The NumPyro program with SKR (its noise sites shared by model and guide), float32: at
-    γ = 1e5 the FastELBO averaged over 4 draws equals the pure-JAX test-mode objective to 1 % (a
-    wrong Wishart scale, a λ added twice or a noise site the guide does not share would each move
-    it by far more)."""
-    X, y, params = fc_problem
+    γ = 1e5 the FastELBO averaged over 4 draws equals the test-mode DKM objective (eq. 27, written out
+    from the network: :func:`dkm_reference.evaluation_objective`) to 1 % (a wrong Wishart scale, a λ
+    added twice or a noise site the guide does not share would each move it by far more)."""
+    X, y, _, params = fc_problem
     spec = _fc_spec(100_000)
     dtype = jnp.float32
     params = {k: v.astype(dtype) for k, v in params.items()}
     X, y = X.astype(dtype), y.astype(dtype)
-    init = initialise_inducing(spec.inducing, spec.kernel, np.asarray(X), spec.num_inducing, jax.random.PRNGKey(0))
+    init = initialise_inducing(spec.inducing, spec.covariance_model, np.asarray(X), spec.num_inducing, jax.random.PRNGKey(0))
     family = build_family(spec, init, 1)
-    bound = jax.jit(jax.vmap(lambda k: -FastELBO().loss(k, params, family.model, family.guide, X, y, num_data=len(y))))
-    value, _ = dkm.objective(_core_params(params, spec.kernel), spec.kernel, X, y, len(y), None, train=False)
+    bound = jax.jit(jax.vmap(lambda k: _bound(family, X, y)(params, k)))
+    value, _ = evaluation_objective(core_params(params, spec.architecture), spec.architecture, X, y)
     np.testing.assert_allclose(float(jnp.mean(bound(jax.random.split(jax.random.PRNGKey(5), 4)))), float(value),
                                rtol=1e-2)

@@ -65,7 +65,7 @@ def _assert_same_tree(a, b, where):
 def _assert_same_result(a, b):
     for field in dataclasses.fields(a.spec):
         va, vb = getattr(a.spec, field.name), getattr(b.spec, field.name)
-        if field.name in ("kernel", "likelihood"):
+        if field.name in ("kernel", "architecture", "likelihood"):
             _assert_same_tree(va, vb, field.name)
             assert type(va) is type(vb)
         else:
@@ -179,6 +179,26 @@ def test_newer_format_version_is_refused(saved, tmp_path):
     path = _copy(saved[1], tmp_path)
     _edit(path, lambda d: d.update(format_version=FORMAT_VERSION + 1, gpzoo_version="99.0"))
     _refused(path, "format version", "99.0", "upgrade", named=path / "model.json")
+
+
+def test_a_version_1_deep_kernel_machine_still_loads(tmp_path):
+    """Format version 1 stored a deep kernel machine's DKMConfig as the spec's ``kernel``; such a file
+    loads with it as the ``architecture`` (``kernel`` None) and predicts bit for bit as the original."""
+    X, y, _ = _tiny_data("dkm", "binary")
+    res = fit(zoo.get("dkm", input_dim=X.shape[1], task="binary", num_inducing=4, depth=1), X, y, steps=2, progress=False)
+    path = save(res, tmp_path / "dkm")
+
+    def as_version_1(document):
+        fields = document["result"]["spec"]["fields"]
+        assert fields["kernel"] is None and fields["architecture"]["type"] == "gpzoo.models.dkm.DKMConfig"
+        fields["kernel"] = fields.pop("architecture")
+        document["format_version"] = 1
+
+    _edit(path, as_version_1)
+    loaded = load(path)
+    assert loaded.spec.kernel is None and loaded.spec.architecture.num_layers == 1
+    _assert_same_result(res, loaded)
+    _assert_same_predictions(res, loaded, X[:5])
 
 
 def test_missing_arrays_and_zero_byte_files_are_refused(saved, tmp_path):
