@@ -54,6 +54,7 @@ from tqdm.auto import tqdm
 
 from gpzoo.inference.linalg import cholesky_with_jitter
 from gpzoo.inference.polya_gamma import PolyaGamma
+from gpzoo.inference.runner import restart_clock
 from gpzoo.models.errors import InvalidArgumentError, ShapeError, as_float_array
 from gpzoo.models.likelihoods import Bernoulli
 
@@ -181,7 +182,7 @@ def gibbs_gp_classification(
     kept_f, kept_omega = [], []
     state = f0
     t0 = time.perf_counter()
-    with tqdm(total=total, desc="gibbs", disable=not progress, unit="sweep", leave=False) as bar:
+    with tqdm(total=total, desc="gibbs", disable=not progress, unit="sweep", leave=False, postfix="compiling") as bar:
         for start in range(0, total, chunk):
             state, (f_chunk, omega_chunk) = run_chunk(state, start)
             rows = keep[(keep >= start) & (keep < start + chunk)] - start
@@ -190,6 +191,9 @@ def gibbs_gp_classification(
                 if store_omega:
                     kept_omega.append(np.asarray(omega_chunk)[rows])  # [k, C, N]
             bar.update(min(chunk, total - start))
+            if start == 0:  # the first chunk's time was mostly compilation: the ETA comes from the others
+                restart_clock(bar)
+                bar.set_postfix_str("")
     seconds = time.perf_counter() - t0
 
     f_all = np.swapaxes(np.concatenate(kept_f), 0, 1)  # [C, S, N+N*]

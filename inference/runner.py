@@ -27,7 +27,7 @@ from gpzoo.inference.linalg import float_dtype
 from gpzoo.inference.sharding import DataParallel, resolve_devices
 from gpzoo.models.errors import CheckpointError, InvalidArgumentError, TrainingError, check_flag, check_integer, check_real, check_seed
 
-__all__ = ["RESUME_KEYS", "SCHEDULE_PROBE_STEPS", "ChunkProgram", "ClosureStep", "FitSettings", "run_chunks"]
+__all__ = ["RESUME_KEYS", "SCHEDULE_PROBE_STEPS", "ChunkProgram", "ClosureStep", "FitSettings", "restart_clock", "run_chunks"]
 
 #: Steps at which a learning-rate schedule is evaluated to tell two schedules apart on resume.
 SCHEDULE_PROBE_STEPS = (0, 1, 10, 100, 1000, 10000, 100000)
@@ -228,6 +228,18 @@ def _jitter(step, state, constants):
     return step.jitter_of(state, constants)
 
 
+def restart_clock(bar) -> None:
+    """Time the progress ``bar`` from now on, at its current count: after the first chunk, whose
+    time is mostly compilation, so that the rate and the ETA come from compiled chunks only (else
+    the ETA is many times too long until the moving average forgets the first chunk). The elapsed
+    time shown counts from here too. A disabled bar has no clock."""
+    if getattr(bar, "disable", True):
+        return
+    done = bar.n
+    bar.reset()  # the clock and the rate's moving averages restart (at count 0)
+    bar.n = bar.last_print_n = bar.initial = done  # initial: tqdm's rate without averages is (n - initial) / elapsed
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def _run_chunk(step, state, inputs, active, constants):
     """``K`` steps of ``step`` in one ``lax.scan`` (inputs ``[K, ...]`` per step; ``active`` ``[K]``: padded
@@ -307,7 +319,9 @@ def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, che
     # `previous` is the pair one chunk earlier (the NaN guard may need a state from before `committed`)
     committed, previous = (start, state), None
     saved_step = start if resume and start > 0 else None  # step of the checkpoint on disk from this run
-    bar = tqdm(total=steps, initial=start, desc=program.label, disable=not progress, unit="step", leave=False)
+    # "compiling" until the first chunk returns: its program is compiled (or read from the cache) first
+    bar = tqdm(total=steps, initial=start, desc=program.label, disable=not progress, unit="step", leave=False,
+               postfix="compiling")
     try:
         while committed[0] < steps:
             step, state = committed
@@ -348,6 +362,8 @@ def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, che
                 checkpoint(step + k, new_state)
                 saved_step = step + k
             bar.update(k)
+            if step == start:
+                restart_clock(bar)
             bar.set_postfix({program.objective.split()[-1]: f"{objective_hist[-1]:.4g}"})
     except KeyboardInterrupt:
         if checkpoint_dir is not None and committed[0] > start and saved_step != committed[0]:

@@ -128,6 +128,37 @@ def test_thinning_and_omega_storage():
     np.testing.assert_allclose(again.posterior["f"].values, dt.posterior["f"].values, atol=1e-12)
 
 
+def test_progress_bar_says_compiling_then_times_the_compiled_chunks(monkeypatch):
+    import io  # noqa: PLC0415
+
+    from tqdm import tqdm as plain_tqdm  # noqa: PLC0415
+
+    import gpzoo.inference.gibbs as gibbs  # noqa: PLC0415
+
+    bars = []
+
+    class Bar(plain_tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, file=io.StringIO(), **kwargs)
+            self.shown = [str(self.postfix)]
+            bars.append(self)
+
+        def update(self, n=1):
+            super().update(n)
+            self.shown.append(str(self.postfix))
+
+        def close(self):
+            self.final = self.format_dict
+            super().close()
+
+    monkeypatch.setattr(gibbs, "tqdm", Bar)
+    X, y = _problem(n=8, seed=5)
+    gibbs_gp_classification(KERNEL, X, y, num_chains=1, num_warmup=4, num_samples=8, chunk_size=4, progress=True)
+    (bar,) = bars
+    assert bar.shown == ["compiling", "compiling", "", ""]  # cleared once the first chunk is back
+    assert bar.final["n"] == 12 and bar.final["initial"] == 4  # the clock restarted after the first chunk
+
+
 def test_bad_inputs_raise_typed_errors():
     X, y = _problem(n=6)
     with pytest.raises(DataError, match="y"):
