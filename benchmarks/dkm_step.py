@@ -14,12 +14,17 @@ Two configurations (Milsom, Anson, Aitchison 2024):
 
 One step = objective, gradient and an Adam update (β = (0.8, 0.9), lr 0.01), jitted.
 
-* ``gpzoo``: :func:`gpzoo.inference.dkm.train_dkm`'s compiled step.
+* ``gpzoo``: the step ``gpzoo.fit`` runs on the DKM (:func:`gpzoo.models.zoo_dkm.architecture_spec`
+  of the configuration): the :class:`~gpzoo.inference.runner.ChunkProgram` that ``fit`` hands to the
+  chunk runner (captured from a 0-step fit), compiled as the runner compiles it
+  (``runner._run_chunk``: a ``lax.scan`` of SVI updates on the program's bound, each followed by the
+  finiteness and jitter checks), one step per chunk, called once per step like the other steps.
 * ``straightforward``: the same objective written here the plain way — explicit inverses
   (``jnp.linalg.inv``) for every K⁻¹/G⁻¹, convolutions as explicit patch extraction (im2col by
   slicing) and matmuls, ``jax.grad``, optax Adam, jitted (its Gram kernels are the library's).
-  Its value at the same parameters (test mode) is checked against gpzoo's (``loss_rel_diff``;
-  the two draw different Monte Carlo samples for the softmax, hence ~1e-4 apart).
+  Its value at the same parameters (test mode) is checked against gpzoo's (``loss_rel_diff``: the
+  bound of the fitted program without SKR, q(u)'s mean moved off 0; the two draw different Monte
+  Carlo samples for the softmax, hence ~1e-4 apart).
 * ``matmul bound``: the step's FLOPs (XLA's cost analysis of gpzoo's compiled step) divided by
   this machine's measured matmul rate in the configuration's dtype (a 1024³ ``jnp.dot``, best of several).
 * ``reference`` (only with ``--reference-python`` and ``--reference-repo``): the authors' PyTorch
@@ -27,14 +32,15 @@ One step = objective, gradient and an Adam update (β = (0.8, 0.9), lr 0.01), ji
   measured setting) and with 1 thread; the goal is checked against the faster of the two.
 
 Everything is interleaved: each repeat times gpzoo, the straightforward step and (if given) the
-reference once, and the reported step time is the median over repeats. The PRNG keys of the JAX
-steps are split into one array per step before the timed loops, which then time the steps' calls
-and not the indexing of a key array. OpenBLAS runs
+reference once, and the reported step time is the median over repeats. The PRNG keys of the
+straightforward step are split into one array per step before the timed loops, which then time the
+steps' calls and not the indexing of a key array (gpzoo's step carries its key in its state). OpenBLAS runs
 single-threaded in the JAX steps (as ``gpzoo.fit`` does). Peak memory: XLA's memory analysis of
 each compiled step (arguments + outputs + temporaries), and the peak resident set size of a fresh
 process that builds, compiles and runs only the gpzoo step (``--rss-probe``), next to the
 reference process's. ``float32_clean`` checks that the float32 step's compiled program has no
-float64 array operation although x64 is enabled in this process. Writes ``benchmarks/results/dkm_step.json``.
+float64 array operation (each configuration runs in its own precision as ``gpzoo.fit`` does: the float32
+one with x64 off, the library's default, the float64 one with it on). Writes ``benchmarks/results/dkm_step.json``.
 
     .venv/bin/python benchmarks/dkm_step.py [--repeats 5] [--steps 10] [--configs conv sine]
         [--reference-python /path/to/python-with-torch --reference-repo /path/to/skr_cdkm]
@@ -43,6 +49,7 @@ float64 array operation although x64 is enabled in this process. Writes ``benchm
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import re
@@ -51,6 +58,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -62,8 +70,12 @@ jax.config.update("jax_enable_x64", True)  # the sine toy runs in float64; the c
 
 from _common import machine_info, now, write_json  # noqa: E402
 
-from gpzoo.inference import dkm  # noqa: E402
+import gpzoo  # noqa: E402
+from gpzoo.inference import build_family, dkm, runner  # noqa: E402
+from gpzoo.inference.dkm_family import unflatten_network  # noqa: E402
+from gpzoo.inference.elbo import FastELBO  # noqa: E402
 from gpzoo.models.dkm import DKMConfig, GramLayerSpec  # noqa: E402
+from gpzoo.models.zoo_dkm import architecture_spec  # noqa: E402
 from gpzoo.models.kernels.gram import GRAM_KERNELS, GramBlocks, batch_kernel_norm, conv_output_shape  # noqa: E402
 from gpzoo.models.likelihoods import Softmax  # noqa: E402
 
@@ -81,7 +93,8 @@ def config() -> DKMConfig:
     layers = (GramLayerSpec(WIDTH, (3, 3), 1, batch_norm=True), GramLayerSpec(WIDTH, (3, 3), 2, batch_norm=True))
     return DKMConfig(layers=layers, likelihood=Softmax(num_classes=CLASSES, num_mc_samples=MC), num_outputs=CLASSES,
                      architecture="conv", num_input_inducing=WIDTH, kernel="normalised_gaussian", nu=1e-3, skr=True,
-                     skr_gamma=WIDTH // 4, skr_jitter=0.1, kl="taylor_frobenius", batch_norm_mode="image")
+                     skr_gamma=WIDTH // 4, skr_jitter=0.1, kl="taylor_frobenius", batch_norm_mode="image",
+                     image_shape=IMAGE)
 
 
 def sine_config() -> DKMConfig:
@@ -283,30 +296,53 @@ def _memory(compiled) -> int | None:
     return int(analysis.argument_size_in_bytes + analysis.output_size_in_bytes + analysis.temp_size_in_bytes)
 
 
+def fit_program(cfg: DKMConfig, X, y):
+    """``(program, state, result)``: the ChunkProgram and initial state ``gpzoo.fit`` runs for ``cfg`` on
+    (X, y) (Adam β = (0.8, 0.9), lr 0.01, full batch), captured from a 0-step fit."""
+    captured, run_chunks = {}, runner.run_chunks
+
+    def capture(program, state, **kwargs):
+        captured.update(program=program, state=state)
+        return run_chunks(program, state, **kwargs)
+
+    flat = np.asarray(X).reshape(X.shape[0], -1)  # fit takes images flattened (the config's image_shape)
+    with mock.patch.object(runner, "run_chunks", capture):
+        res = gpzoo.fit(architecture_spec(cfg, name="dkm-step"), flat, np.asarray(y), steps=0, seed=0, progress=False,
+                        optimizer=optax.adam(1e-2, b1=0.8, b2=0.9))
+    return captured["program"], captured["state"], res
+
+
 def setup(name: str):
-    """Config, data, parameters and the compiled gpzoo step of a configuration (and its call arguments)."""
+    """Config, data, the compiled gpzoo step of a configuration and its call arguments (``fit``'s program,
+    one step per chunk). Sets x64 to the configuration's precision first, as ``gpzoo.fit`` runs it."""
+    jax.config.update("jax_enable_x64", name == "sine")
     cfg, X, y, dtype, desc = problem(name)
-    params = dkm.init_params(jax.random.PRNGKey(0), cfg, X)
-    params = jax.tree_util.tree_map(lambda a: jnp.array(a, dtype), params)
-    params["output"]["mu"] = 0.1 * jax.random.normal(jax.random.PRNGKey(1), params["output"]["mu"].shape, dtype)
-    N = X.shape[0]
-    adam, gpzoo_step = dkm.compiled_train_step(cfg, N, N, 0.8, 0.9)
-    nu, lr = jnp.asarray([cfg.layer_nu(i) for i in range(cfg.num_layers)], dtype), jnp.asarray(1e-2, dtype)
-    state = adam.init(params)
+    program, state, res = fit_program(cfg, X, y)
+    args = (state, jax.tree_util.tree_map(lambda a: np.stack([a]), program.step_inputs(0)), np.ones(1, bool),
+            program.constants)
     t0 = time.perf_counter()
-    compiled = gpzoo_step.lower(params, state, jax.random.PRNGKey(2), X, y, nu, lr).compile()
+    compiled = runner._run_chunk.lower(program.step, *args).compile()
     compile_s = time.perf_counter() - t0
-    return cfg, X, y, dtype, desc, params, state, nu, lr, compiled, compile_s
+    return cfg, X, y, dtype, desc, res, args, compiled, compile_s
+
+
+def like_for_like_params(res, dtype):
+    """The fitted program's initial parameters with q(u)'s mean moved off 0 (so the mean's terms count),
+    by site name, and as the network pytree of :func:`straightforward_objective`."""
+    params = {k: jnp.asarray(v, dtype) for k, v in res.family.inducing.values.items()}
+    params["q_mu"] = 0.1 * jax.random.normal(jax.random.PRNGKey(1), params["q_mu"].shape, dtype)
+    core = unflatten_network(params, res.spec.architecture.num_layers)
+    core["output"] = dict(core["output"], mu=params["q_mu"].T, V=dkm.raw_from_chol(params["q_sqrt"][0]))
+    return params, core
 
 
 def rss_probe(name: str, steps: int) -> dict:
     """Peak RSS of a process that builds, compiles and runs only the gpzoo step (this process)."""
     with threadpoolctl.threadpool_limits(1, user_api="blas"):
-        cfg, X, y, dtype, desc, params, state, nu, lr, compiled, _ = setup(name)
-        keys = jax.random.split(jax.random.PRNGKey(2), steps)
-        for i in range(steps):
-            out = compiled(params, state, keys[i], X, y, nu, lr)
-        jax.block_until_ready(out[2])
+        *_, args, compiled, _ = setup(name)
+        for _ in range(steps):
+            out = compiled(*args)
+        jax.block_until_ready(out[1])
     return {"peak_rss_bytes": peak_rss_bytes()}
 
 
@@ -327,11 +363,16 @@ def _reference_once(args, name: str, threads: int, steps: int) -> dict:
 
 
 def measure(name: str, args) -> dict:
-    cfg, X, y, dtype, desc, params, state, nu, lr, gz_compiled, gz_compile = setup(name)
+    cfg, X, y, dtype, desc, res, gz_args, gz_compiled, gz_compile = setup(name)
     N = X.shape[0]
-    # like-for-like: the same objective at the same parameters (test mode: no SKR draw)
-    core_value = float(dkm.objective(params, cfg, X, y, N, None, train=False)[0])
-    plain_value = float(jax.jit(lambda p: straightforward_objective(p, cfg, X, y, None, N))(params))
+    # like-for-like: the same objective at the same parameters (test mode: the fitted program without SKR)
+    params, core = like_for_like_params(res, dtype)
+    test_mode = build_family(res.spec.replace(architecture=dataclasses.replace(cfg, skr=False)), res.inducing, res.num_latent)
+    flat, y_float = jnp.asarray(np.asarray(X).reshape(N, -1)), jnp.asarray(y, dtype)
+    core_value = float(jax.jit(lambda p: -FastELBO().loss(jax.random.PRNGKey(0), p, test_mode.model, test_mode.guide, flat,
+                                                          y_float, num_data=N))(params))
+    plain_value = float(jax.jit(lambda p: straightforward_objective(p, cfg, X, y, None, N))(core))
+    params = core
     plain_adam, plain_step = straightforward_step(cfg, N)
     pl_state = plain_adam.init(params)
     # one key per step, split into separate arrays before timing: indexing a key array inside the timed loop
@@ -341,7 +382,7 @@ def measure(name: str, args) -> dict:
     pl_compiled = plain_step.lower(params, pl_state, keys[0], X, y).compile()
     pl_compile = time.perf_counter() - t0
     hlo = gz_compiled.as_text()
-    jax.block_until_ready(gz_compiled(params, state, keys[0], X, y, nu, lr)[2])  # warm
+    jax.block_until_ready(gz_compiled(*gz_args)[1])  # warm
     jax.block_until_ready(pl_compiled(params, pl_state, keys[0], X, y)[2])
     run_reference = bool(args.reference_python and args.reference_repo)
     floor = conv_floor(cfg, X, dtype)
@@ -350,7 +391,7 @@ def measure(name: str, args) -> dict:
         jax.block_until_ready(floor[0](floor[1]))
     ref_runs = []
     for _ in range(args.repeats):  # interleaved
-        times["gpzoo"].append(_time(lambda i: gz_compiled(params, state, keys[i], X, y, nu, lr)[2], args.steps))
+        times["gpzoo"].append(_time(lambda i: gz_compiled(*gz_args)[1], args.steps))
         times["straightforward"].append(_time(lambda i: pl_compiled(params, pl_state, keys[i], X, y)[2], args.steps))
         if floor is not None:
             times["conv_floor"].append(_time(lambda i: floor[0](floor[1]), args.steps))
