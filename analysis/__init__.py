@@ -31,7 +31,7 @@ import types
 from importlib import import_module
 from importlib.util import find_spec
 
-__all__ = ["calibration", "compare", "compare_elbo", "datasets", "report", "to_datatree"]
+__all__ = ["calibration", "compare", "compare_elbo", "datasets", "report", "search", "to_datatree"]
 
 #: Public name -> (module, attribute; None for the module itself), imported on first access.
 _LAZY = {
@@ -41,9 +41,10 @@ _LAZY = {
     "report": ("gpzoo.analysis.report", "report"),
     "to_datatree": ("gpzoo.analysis.datatree", "to_datatree"),
     "compare_elbo": ("gpzoo.analysis.compare", "compare_elbo"),
+    "search": ("gpzoo.analysis.search", "search"),
 }
 #: Public names that are functions with a submodule of the same name.
-_FUNCTIONS = ("compare", "report")
+_FUNCTIONS = ("compare", "report", "search")
 
 
 class _Package(types.ModuleType):

@@ -205,10 +205,96 @@ def build_parser() -> argparse.ArgumentParser:
     pred_p.add_argument("--out", required=True, type=Path,
                         help="output file: .csv (a row per point: index, f_mean/f_var per latent, y moments, class "
                              "probabilities, predicted label, target where known) or .nc (the same as an xarray Dataset)")
+    search_p = sub.add_parser("search", help="search the kernel grammar (SE, Per, Lin, RQ, +, ×, change points) for a "
+                                             "regression data set's structure; write a report")
+    search_p.add_argument("--data", default=None, help="a regression dataset (see `gpzoo list`; e.g. co2, sunspots, nile)")
+    search_p.add_argument("--data-path", default=None, metavar="FILE",
+                          help="your own series instead: FILE.npz holding X [N] or [N, D] and y [N] (optional X_test, "
+                               "y_test), or FILE.csv whose last column is y and the others the inputs (a header line is "
+                               "skipped)")
+    search_p.add_argument("--depth", type=_positive_int, default=3, help="levels of expansion (default 3)")
+    search_p.add_argument("--bases", default="SE,Per,Lin,RQ", help="comma-separated base kernels (default %(default)s; "
+                                                                  "also C, WN)")
+    search_p.add_argument("--beam", type=_positive_int, default=1, help="structures expanded per depth (default 1)")
+    search_p.add_argument("--restarts", type=_positive_int, default=5, help="optimiser restarts per structure (default 5)")
+    search_p.add_argument("--steps", type=_positive_int, default=60, help="L-BFGS iterations per restart (default 60)")
+    search_p.add_argument("--changes", action=argparse.BooleanOptionalAction, default=True,
+                          help="include the change-point and change-window productions (default: on)")
+    search_p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the data set and the restarts")
+    search_p.add_argument("--backend", choices=("sequential", "ray"), default="sequential",
+                          help="where the candidates of a depth are fitted: here, one after another (default), or on Ray")
+    search_p.add_argument("--float32", action="store_true",
+                          help="compute in float32 (default float64: exact marginal likelihoods need it)")
+    search_p.add_argument("--out", required=True, type=Path, help="output folder: report.html, search.json, search.csv, figures/")
+    search_p.add_argument("--overwrite", action="store_true", help="replace a report already in OUT (refused otherwise)")
+    search_p.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
 
 # ----------------------------------------------------------------------------- commands
+#: Largest series file ``gpzoo search --data-path`` reads.
+MAX_SERIES_BYTES = 256 * 2**20
+
+
+def _read_series(path: Path):
+    """``(X, y, X_test, y_test)`` from a user's .npz or .csv (read without pickle; size bounded)."""
+    import numpy as np  # noqa: PLC0415
+
+    if not path.is_file():
+        raise UsageError(f"--data-path: no such file {str(path)!r}")
+    if path.stat().st_size > MAX_SERIES_BYTES:
+        raise UsageError(f"--data-path: {str(path)!r} is larger than {MAX_SERIES_BYTES // 2**20} MiB")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".npz":
+            with np.load(path, allow_pickle=False) as archive:
+                if not {"X", "y"} <= set(archive.files):
+                    raise UsageError(f"--data-path: {str(path)!r} must hold arrays X and y (it holds {sorted(archive.files)})")
+                arrays = {k: np.asarray(archive[k], dtype=np.float64) for k in ("X", "y", "X_test", "y_test") if k in archive.files}
+            return arrays["X"], arrays["y"], arrays.get("X_test"), arrays.get("y_test")
+        if suffix == ".csv":
+            text = path.read_text(encoding="utf-8", errors="strict").splitlines()
+            rows = [line for line in text if line.strip()]
+            try:
+                float(rows[0].split(",")[0])
+            except (ValueError, IndexError):
+                rows = rows[1:]
+            table = np.array([[float(v) for v in line.split(",")] for line in rows], dtype=np.float64)
+            if table.ndim != 2 or table.shape[1] < 2:
+                raise UsageError(f"--data-path: {str(path)!r} needs at least two columns (inputs, then y)")
+            return table[:, :-1], table[:, -1], None, None
+    except (ValueError, OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--data-path: cannot read {str(path)!r}: {exc}") from exc
+    raise UsageError(f"--data-path: {str(path)!r}: expected a .npz or .csv file")
+
+
+def _cmd_search(args, out) -> int:
+    if (args.data is None) == (args.data_path is None):
+        raise UsageError("give exactly one of --data NAME and --data-path FILE")
+    if args.out.exists() and any(args.out.iterdir()) and not args.overwrite:
+        raise UsageError(f"--out {str(args.out)!r} already holds files; pass --overwrite to replace them")
+    import jax  # noqa: PLC0415
+
+    jax.config.update("jax_enable_x64", not args.float32)
+    from gpzoo.analysis import datasets  # noqa: PLC0415
+    from gpzoo.analysis.search import search, verdict, write_report  # noqa: PLC0415
+
+    if args.data is not None:
+        data = datasets.load(args.data, seed=args.seed)
+        if data.task != "regression":
+            raise UsageError(f"--data {args.data!r} is a {data.task} data set; the search needs regression data")
+        X, y, X_test, y_test, title = data.X_train, data.y_train, data.X_test, data.y_test, f"Kernel search: {args.data}"
+    else:
+        X, y, X_test, y_test = _read_series(args.data_path)
+        title = f"Kernel search: {args.data_path.name}"
+    bases = [b.strip() for b in args.bases.split(",") if b.strip()]
+    result = search(X, y, depth=args.depth, bases=bases, beam=args.beam, restarts=args.restarts, steps=args.steps,
+                    changes=args.changes, seed=args.seed, backend=args.backend, progress=not args.quiet)
+    path = write_report(result, args.out, X_test=X_test, y_test=y_test, title=title)
+    print(verdict(result), file=out)
+    print(f"report: {path}", file=out)
+    return 0
+
 def _cmd_list(args, out) -> int:
     from gpzoo.analysis import datasets  # noqa: PLC0415 - deferred: keeps `gpzoo --help` fast
     from gpzoo.models import zoo  # noqa: PLC0415
@@ -610,9 +696,10 @@ def _write_predictions(table, path: Path) -> None:
     os.replace(tmp, path)
 
 
-_COMMANDS = {"list": _cmd_list, "fit": _cmd_fit, "compare": _cmd_compare, "report": _cmd_report, "predict": _cmd_predict}
+_COMMANDS = {"list": _cmd_list, "fit": _cmd_fit, "compare": _cmd_compare, "report": _cmd_report, "predict": _cmd_predict,
+             "search": _cmd_search}
 #: Commands that compile programs: they use the persistent compilation cache.
-_COMPILING = ("fit", "compare", "report", "predict")
+_COMPILING = ("fit", "compare", "report", "predict", "search")
 
 
 def _one_line(exc: BaseException) -> str:

@@ -770,6 +770,62 @@ def _load_co2(*, seed: int, test_fraction: float = 0.2, standardise: bool = True
     )
 
 
+def _extrapolation_split(name: str, time: np.ndarray, values: np.ndarray, description: str, *, test_fraction,
+                         standardise, unit: float) -> Dataset:
+    """The first ``1 - test_fraction`` of a time series train, the rest test; standardised like ``co2``
+    (x = (t - t_0) / ``unit``, y with the training mean and sd) unless ``standardise`` is False."""
+    test_fraction = _check_fraction(test_fraction, "test_fraction")
+    if not isinstance(standardise, bool):
+        raise InvalidArgumentError("standardise", f"must be True or False, got {standardise!r}")
+    num_train = int(round(time.shape[0] * (1 - test_fraction)))
+    if standardise:
+        mean, sd = values[:num_train].mean(), values[:num_train].std()
+        time, values = (time - time[0]) / unit, (values - mean) / sd
+    return Dataset(name=name, X_train=time[:num_train, None], y_train=values[:num_train], X_test=time[num_train:, None],
+                   y_test=values[num_train:], task="regression", description=description)
+
+
+_SUNSPOTS = ("Yearly mean sunspot numbers, 1700-2008 (statsmodels); last 20% is the test set; by default x = decades "
+             "since 1700 and y standardised with the training mean and sd (standardise=False: x = year)")
+_NILE = ("Yearly flow of the Nile at Aswan, 1871-1970 (statsmodels), with its change point near 1898; last 20% is the "
+         "test set; by default x = decades since 1871 and y standardised (standardise=False: x = year, y = 10^8 m^3)")
+_ELNINO = ("Monthly sea surface temperature of the El Nino region, 1950-2010 (statsmodels); last 20% is the test set; "
+           "by default x = decades since January 1950 and y standardised (standardise=False: x = decimal year, y = deg C)")
+
+
+@_register("sunspots", _SUNSPOTS)
+def _load_sunspots(*, seed: int, test_fraction: float = 0.2, standardise: bool = True):
+    """Extrapolation split of the yearly sunspot numbers (see the description)."""
+    from statsmodels.datasets import sunspots
+
+    data = sunspots.load_pandas().data
+    return _extrapolation_split("sunspots", data["YEAR"].to_numpy(np.float64), data["SUNACTIVITY"].to_numpy(np.float64),
+                                _SUNSPOTS, test_fraction=test_fraction, standardise=standardise, unit=10.0)
+
+
+@_register("nile", _NILE)
+def _load_nile(*, seed: int, test_fraction: float = 0.2, standardise: bool = True):
+    """Extrapolation split of the Nile's yearly flow (see the description)."""
+    from statsmodels.datasets import nile
+
+    data = nile.load_pandas().data
+    return _extrapolation_split("nile", data["year"].to_numpy(np.float64), data["volume"].to_numpy(np.float64),
+                                _NILE, test_fraction=test_fraction, standardise=standardise, unit=10.0)
+
+
+@_register("elnino", _ELNINO)
+def _load_elnino(*, seed: int, test_fraction: float = 0.2, standardise: bool = True):
+    """Extrapolation split of the monthly El Nino sea surface temperatures (see the description)."""
+    from statsmodels.datasets import elnino
+
+    table = elnino.load_pandas().data
+    months = table.columns[1:]
+    time = (table["YEAR"].to_numpy(np.float64)[:, None] + np.arange(len(months))[None, :] / 12.0).ravel()
+    values = table[months].to_numpy(np.float64).ravel()
+    return _extrapolation_split("elnino", time, values, _ELNINO, test_fraction=test_fraction, standardise=standardise,
+                                unit=10.0)
+
+
 # ----------------------------------------------------------------------------------------------
 # symmetric toy regression (van der Wilk et al. 2018, fig. 2)
 

@@ -8,6 +8,7 @@ The short public face::
     pred = gpzoo.predict(res, X_test)
     elbo = gpzoo.evaluate_elbo(res)
     cmp  = gpzoo.compare("rectangles", ["svgp-rbf", "conv"], seeds=[0, 1], backend="ray")
+    found = gpzoo.search(x, y, depth=3)             # kernel structure search (SE, Per, Lin, RQ, +, ×, CP)
 
 The three subpackages hold the rest: :mod:`gpzoo.models` (kernels, likelihoods, the zoo),
 :mod:`gpzoo.inference` (inducing variables, guides, fitting) and :mod:`gpzoo.analysis`
@@ -42,6 +43,7 @@ _PUBLIC = {
     "calibration": "gpzoo.analysis",
     "datasets": "gpzoo.analysis",
     "report": "gpzoo.analysis",
+    "search": "gpzoo.analysis",
 }
 _MODULES = {"zoo", "kernels", "likelihoods"}
 

@@ -1,0 +1,734 @@
+"""Kernel structure search: the cookbook's grammar searched by marginal likelihood.
+
+A greedy compositional search (Duvenaud, Lloyd, Grosse, Tenenbaum, Ghahramani 2013, §3–4; the
+change operators of Lloyd, Duvenaud, Grosse, Tenenbaum, Ghahramani 2014, §3):
+
+1. depth 1 fits every base kernel on every input column;
+2. each later depth expands the ``beam`` best structures of the previous depth by every
+   production — S → S + B, a summand T → T × B (and S → S × B), B → B′ (replace one base), and
+   S → CP(S, S), S → CW(S, S) along each column — reduces every result to its canonical form
+   (:func:`gpzoo.models.grammar.canonical`) and fits only the structures not fitted before;
+3. the search returns the best structure of all depths.
+
+Each candidate's hyperparameters (and the Gaussian noise variance) are optimised from ``restarts``
+initial points by L-BFGS; the restarts run batched (``vmap``) in one compiled program per
+structure, which JAX compiles once and then reuses. Initial points come from the data (Duvenaud
+et al. 2013, §4; Lloyd et al. 2014, §4): lengthscales around the input's spread, periods at the
+peaks of the Lomb–Scargle periodogram of y, variances from y's variance, change locations inside
+the input range; the first restart is the typical value, the others are random around it. A
+candidate is scored by the Bayesian information criterion BIC = −2 log p(y | θ̂) + p log N
+(Duvenaud et al. 2013, §4; p counts the free hyperparameters and the noise variance; lower is
+better), from the exact log marginal likelihood for N ≤ ``exact_max`` and from the collapsed
+bound (Titsias 2009, eq. 9) with ``num_inducing`` inputs above; the score used is named in the
+result (``score``).
+
+The best structure is an ordinary gpzoo model: :meth:`SearchResult.spec` is a sparse variational
+GP with that kernel, initialised at the search's hyperparameters, for :func:`gpzoo.fit` and
+:func:`gpzoo.compare`; :meth:`SearchResult.predict` and :meth:`SearchResult.decomposition`
+give the exact posterior and its additive components (Duvenaud 2014, eq. 1.17–1.18).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+import zlib
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import optax
+from numpyro import handlers
+from numpyro.distributions import constraints
+from numpyro.distributions.transforms import biject_to
+
+from gpzoo.inference.exact import collapsed_elbo, exact_log_marginal
+from gpzoo.models.errors import DataError, InvalidArgumentError, as_float_array, check_integer, unknown_name_message
+from gpzoo.models.kernels.base import Fixed
+from gpzoo.models.grammar import (
+    BASE_KERNELS, Add, Base, Change, Expression, Mul, canonical, parse, summands, to_kernel)
+
+__all__ = ["SCORES", "Candidate", "SearchResult", "describe", "expand", "heldout_metrics", "search", "verdict", "write_report"]
+
+#: Score names: BIC from the exact log marginal likelihood, or from Titsias' collapsed bound.
+SCORES = ("bic-exact", "bic-collapsed")
+DEFAULT_BASES = ("SE", "Per", "Lin", "RQ")
+BACKENDS = ("sequential", "ray")
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One fitted structure of the search trace."""
+
+    expression: str
+    depth: int
+    parent: str | None
+    score: float  # BIC (lower is better)
+    log_marginal: float  # the exact log marginal likelihood, or the collapsed bound
+    num_params: int
+    restarts: int
+    failed_restarts: int
+    seconds: float
+    hyperparameters: dict  # site name -> value (lists), the best restart's
+
+    def row(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "hyperparameters"}
+
+
+# ----------------------------------------------------------------------------- productions
+def _bases(names: Sequence[str], num_dims: int) -> list[Base]:
+    return [Base(name, d) for d in range(num_dims) for name in names]
+
+
+def _replace_bases(expression: Expression, alternatives: Sequence[str]):
+    """Every expression with one base occurrence replaced by another base on the same column."""
+    if isinstance(expression, Base):
+        for name in alternatives:
+            if name != expression.name:
+                yield Base(name, expression.dim)
+    elif isinstance(expression, (Add, Mul)):
+        parts = expression.terms if isinstance(expression, Add) else expression.factors
+        for i, part in enumerate(parts):
+            for new in _replace_bases(part, alternatives):
+                yield type(expression)(parts[:i] + (new,) + parts[i + 1:])
+    elif isinstance(expression, Change):
+        for new in _replace_bases(expression.first, alternatives):
+            yield dataclasses.replace(expression, first=new)
+        for new in _replace_bases(expression.second, alternatives):
+            yield dataclasses.replace(expression, second=new)
+
+
+def expand(expression: Expression, names: Sequence[str], num_dims: int, changes: bool = True) -> list[Expression]:
+    """The canonical, distinct structures one production away from ``expression`` (module docstring)."""
+    bases = _bases(names, num_dims)
+    out = []
+    terms = summands(expression)
+    for b in bases:
+        out.append(expression + b)
+        out.append(expression * b)
+        if len(terms) > 1:
+            for i, term in enumerate(terms):
+                out.append(Add(terms[:i] + (term * b,) + terms[i + 1:]))
+    out.extend(_replace_bases(expression, names))
+    if changes:
+        for d in range(num_dims):
+            out.append(Change("CP", expression, expression, d))
+            out.append(Change("CW", expression, expression, d))
+    seen, result = set(), []
+    for candidate in out:
+        c = canonical(candidate, noise=True)
+        if c not in seen and c != expression:
+            seen.add(c)
+            result.append(c)
+    return result
+
+
+# ----------------------------------------------------------------------------- initial points
+class _Initial:
+    """Data-driven initial hyperparameters for one restart (module docstring)."""
+
+    def __init__(self, stats: dict, rng: np.random.Generator | None, restart: int):
+        self.stats, self.rng, self.restart = stats, rng, restart
+
+    def _jitter(self, scale: float) -> float:
+        return 1.0 if self.rng is None else float(np.exp(self.rng.normal(0.0, scale)))
+
+    def __call__(self, name: str, dim: int, field: str) -> float:
+        s = self.stats
+        spread, lo, hi = s["spread"][dim], s["low"][dim], s["high"][dim]
+        width = max(hi - lo, 1e-12)
+        if field == "variance":
+            return s["y_var"] / 2.0 * self._jitter(0.5)
+        if field == "lengthscale":
+            return (1.0 * self._jitter(0.5)) if name == "Per" else spread / 2.0 * self._jitter(1.0)
+        if field == "period":
+            periods = s["periods"][dim]
+            return periods[self.restart % len(periods)] * self._jitter(0.02)
+        if field == "alpha":
+            return self._jitter(1.0)
+        if field == "offset":
+            return s["mean"][dim] + (0.0 if self.rng is None else float(self.rng.normal(0.0, spread)))
+        if field == "location":
+            return (lo + hi) / 2.0 if self.rng is None else float(self.rng.uniform(lo + 0.1 * width, hi - 0.1 * width))
+        if field == "steepness":
+            return 20.0 / width * self._jitter(0.5)
+        if field == "width":
+            return width / 4.0 * self._jitter(0.5)
+        raise InvalidArgumentError("field", f"no initial value for {name}.{field}")  # pragma: no cover
+
+
+def _periodogram_periods(x: np.ndarray, y: np.ndarray, count: int = 4) -> list[float]:
+    """The periods of the ``count`` highest peaks of the Lomb–Scargle periodogram of y(x)."""
+    from scipy.signal import find_peaks, lombscargle  # noqa: PLC0415
+
+    order = np.argsort(x)
+    x, y = x[order], y[order] - y.mean()
+    span = x[-1] - x[0]
+    gaps = np.diff(x)
+    step = np.median(gaps[gaps > 0]) if np.any(gaps > 0) else span
+    if span <= 0 or not np.isfinite(step):
+        return [1.0]
+    periods = np.geomspace(2.5 * step, span / 2.0, 400) if span / 2.0 > 2.5 * step else np.array([span / 2.0])
+    power = lombscargle(x, y, 2.0 * np.pi / periods)
+    peaks, _ = find_peaks(power)
+    ranked = peaks[np.argsort(power[peaks])[::-1]][:count] if len(peaks) else [int(np.argmax(power))]
+    return [float(periods[i]) for i in ranked]
+
+
+def _data_stats(X: np.ndarray, y: np.ndarray) -> dict:
+    return {
+        "spread": [float(max(X[:, d].std(), 1e-12)) for d in range(X.shape[1])],
+        "low": [float(X[:, d].min()) for d in range(X.shape[1])],
+        "high": [float(X[:, d].max()) for d in range(X.shape[1])],
+        "mean": [float(X[:, d].mean()) for d in range(X.shape[1])],
+        "periods": [_periodogram_periods(X[:, d], y) for d in range(X.shape[1])],
+        "y_var": float(y.var()),
+    }
+
+
+# ----------------------------------------------------------------------------- the compiled program
+@dataclasses.dataclass(frozen=True)
+class _Structure:
+    """What a candidate's compiled program depends on besides array values (its static argument)."""
+
+    expression: Expression
+    score: str
+    steps: int
+    num_inducing: int
+
+
+def _sites(kernel) -> dict:
+    """``{site name: (initial value, constraint)}`` of the kernel's trainable hyperparameters."""
+    trace = handlers.trace(lambda: kernel.realise("kernel")).get_trace()
+    return {name: (site["value"], site["kwargs"]["constraint"]) for name, site in trace.items() if site["type"] == "param"}
+
+
+@functools.lru_cache(maxsize=4096)
+def _constraints(expression: Expression) -> dict:
+    """``{site name: constraint}`` of the expression's kernel (evaluated outside any trace)."""
+    with jax.ensure_compile_time_eval():
+        return {name: constraint for name, (_, constraint) in _sites(to_kernel(expression)).items()}
+
+
+def _kernel_at(expression: Expression, constrained: dict):
+    """The expression's kernel with hyperparameters ``constrained`` (traced values allowed)."""
+    template = to_kernel(expression)
+    return handlers.substitute(lambda: template.realise("kernel"), data=constrained)()
+
+
+def _constrain(expression: Expression, unconstrained: dict) -> tuple[dict, jax.Array]:
+    values = {name: biject_to(constraint)(unconstrained[name]) for name, constraint in _constraints(expression).items()}
+    return values, jnp.exp(unconstrained["noise"])
+
+
+def _log_marginal(structure: _Structure, unconstrained: dict, X, y, Z, noise_floor):
+    values, noise = _constrain(structure.expression, unconstrained)
+    kernel = _kernel_at(structure.expression, values)
+    noise = noise + noise_floor
+    if structure.score == "bic-exact":
+        return exact_log_marginal(kernel, noise, X, y)
+    return collapsed_elbo(kernel, noise, Z, X, y)
+
+
+def _optimise_one(structure: _Structure, u0: dict, X, y, Z, noise_floor):
+    N = X.shape[0]
+
+    def loss(u):
+        value = -_log_marginal(structure, u, X, y, Z, noise_floor) / N
+        return jnp.where(jnp.isfinite(value), value, jnp.inf)
+
+    # L-BFGS with a backtracking (Armijo) line search: about as good an optimum per iteration as
+    # the zoom (Wolfe) search, at half the compile time and a third of the run time when vmapped
+    optimiser = optax.lbfgs(linesearch=optax.scale_by_backtracking_linesearch(max_backtracking_steps=12, store_grad=True))
+    value_and_grad = optax.value_and_grad_from_state(loss)
+
+    def step(carry, _):
+        u, state = carry
+        value, grad = value_and_grad(u, state=state)
+        grad = jax.tree.map(lambda g: jnp.where(jnp.isfinite(g), g, 0.0), grad)
+        updates, state = optimiser.update(grad, state, u, value=value, grad=grad, value_fn=loss)
+        return (optax.apply_updates(u, updates), state), value
+
+    (u, _), _ = jax.lax.scan(step, (u0, optimiser.init(u0)), None, length=structure.steps)
+    return u, -loss(u) * N
+
+
+@functools.partial(jax.jit, static_argnames=("structure",))
+def _optimise(structure: _Structure, u0: dict, X, y, Z, noise_floor):
+    """Optimise every restart (leading axis of ``u0``'s leaves) at once; the final log marginals ``[R]``."""
+    return jax.vmap(lambda u: _optimise_one(structure, u, X, y, Z, noise_floor))(u0)
+
+
+def _initial_points(expression: Expression, stats: dict, restarts: int, seed: int, dtype) -> dict:
+    """``{site: [R, ...]}`` unconstrained initial values; restart 0 at the typical values."""
+    rng = np.random.default_rng([seed, zlib.crc32(expression.key().encode())])
+    points = []
+    for r in range(restarts):
+        initial = _Initial(stats, None if r == 0 else rng, r)
+        sites = _sites(to_kernel(expression, initial))
+        u = {name: np.asarray(biject_to(c).inv(jnp.asarray(np.asarray(v), dtype))) for name, (v, c) in sites.items()}
+        noise = stats["y_var"] * (0.1 if r == 0 else float(np.exp(rng.uniform(np.log(0.01), np.log(0.5)))))
+        u["noise"] = np.asarray(np.log(noise), dtype)
+        points.append(u)
+    return {name: jnp.asarray(np.stack([p[name] for p in points]), dtype) for name in points[0]}
+
+
+def _num_params(u0: dict) -> int:
+    return int(sum(np.prod(v.shape[1:]) for v in u0.values()))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+    restarts: int
+    steps: int
+    score: str
+    num_inducing: int
+    seed: int
+
+
+def evaluate(expression: Expression, X, y, settings: _Settings, stats: dict, depth: int = 0, parent=None) -> Candidate:
+    """Fit one structure from every restart and score the best (a :class:`Candidate`)."""
+    start = time.perf_counter()
+    dtype = jnp.result_type(float)
+    Xj, yj = jnp.asarray(X, dtype), jnp.asarray(y, dtype)
+    Z = Xj[np.linspace(0, len(X) - 1, min(settings.num_inducing, len(X))).astype(int)]
+    floor = jnp.asarray(stats["y_var"] * (1e-6 if dtype == jnp.float64 else 1e-4), dtype)
+    u0 = _initial_points(expression, stats, settings.restarts, settings.seed, dtype)
+    structure = _Structure(expression, settings.score, settings.steps, settings.num_inducing)
+    u, log_marginals = _optimise(structure, u0, Xj, yj, Z, floor)
+    log_marginals = np.asarray(log_marginals, dtype=np.float64)
+    finite = np.isfinite(log_marginals)
+    N, p = len(y), _num_params(u0)
+    if not finite.any():
+        return Candidate(expression.key(), depth, parent, math.inf, -math.inf, p, settings.restarts,
+                         settings.restarts, time.perf_counter() - start, {})
+    best = int(np.nanargmax(np.where(finite, log_marginals, -np.inf)))
+    values, noise = _constrain(expression, {k: v[best] for k, v in u.items()})
+    hyper = {k: np.asarray(v, np.float64).tolist() for k, v in values.items()}
+    hyper["noise"] = float(noise) + float(floor)
+    log_marginal = float(log_marginals[best])
+    return Candidate(expression.key(), depth, parent, -2.0 * log_marginal + p * math.log(N), log_marginal, p,
+                     settings.restarts, int((~finite).sum()), time.perf_counter() - start, hyper)
+
+
+# ----------------------------------------------------------------------------- backends
+def _evaluate_all(expressions, X, y, settings, stats, depth, parents, backend: str):
+    if backend == "sequential":
+        return [evaluate(e, X, y, settings, stats, depth, p) for e, p in zip(expressions, parents)]
+    import ray  # noqa: PLC0415
+
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    x64 = bool(jax.config.jax_enable_x64)
+
+    @ray.remote
+    def remote(keys, X, y, settings, stats, depth, parents):
+        jax.config.update("jax_enable_x64", x64)
+        return [evaluate(canonical(parse(k)), X, y, settings, stats, depth, p) for k, p in zip(keys, parents)]
+
+    workers = max(1, int(ray.available_resources().get("CPU", 1)))
+    chunks = [list(range(i, len(expressions), workers)) for i in range(workers)]
+    X_ref, y_ref = ray.put(X), ray.put(y)
+    futures = [remote.remote([expressions[i].key() for i in c], X_ref, y_ref, settings, stats, depth,
+                             [parents[i] for i in c]) for c in chunks if c]
+    out = [None] * len(expressions)
+    for chunk, done in zip([c for c in chunks if c], ray.get(futures)):
+        for i, candidate in zip(chunk, done):
+            out[i] = candidate
+    return out
+
+
+# ----------------------------------------------------------------------------- the search
+def _check_data(X, y) -> tuple[np.ndarray, np.ndarray]:
+    X = as_float_array(X, "X")
+    if X.ndim == 1:
+        X = X[:, None]
+    if X.ndim != 2:
+        raise DataError("X", f"must be [N] or [N, D] inputs, got shape {X.shape}")
+    y = as_float_array(y, "y")
+    if y.ndim != 1 or y.shape[0] != X.shape[0]:
+        raise DataError("y", f"must be [N] targets matching X's {X.shape[0]} rows, got shape {y.shape}")
+    if not np.all(np.isfinite(X)):
+        raise DataError("X", "holds non-finite values (NaN or inf)")
+    if not np.all(np.isfinite(y)):
+        raise DataError("y", "holds non-finite values (NaN or inf)")
+    if X.shape[0] < 3:
+        raise DataError("X", f"a structure search needs at least 3 points, got {X.shape[0]}")
+    if np.ptp(y) == 0:
+        raise DataError("y", "is constant: every structure explains it equally (nothing to search)")
+    return X, y
+
+
+def search(X, y, *, depth: int = 3, bases: Sequence[str] = DEFAULT_BASES, beam: int = 1, restarts: int = 5,
+           steps: int = 60, changes: bool = True, exact_max: int = 2000, num_inducing: int = 200, seed: int = 0,
+           backend: str = "sequential", progress: bool = True) -> "SearchResult":
+    """Greedy compositional kernel search on regression data ``X`` ``[N, D]`` (or ``[N]``), ``y`` ``[N]``.
+
+    ``depth`` levels of expansion (1: base kernels only); ``bases`` the grammar's base kernels
+    (of :data:`gpzoo.models.grammar.BASE_KERNELS`); ``beam`` structures expanded per depth;
+    ``restarts`` initial points per structure, optimised by ``steps`` L-BFGS iterations in one
+    batched program; ``changes`` adds the change-point and change-window productions. The exact
+    marginal likelihood scores N ≤ ``exact_max`` points, the collapsed bound with ``num_inducing``
+    evenly spaced training inputs scores more. ``backend``: ``"sequential"`` or ``"ray"`` (the
+    candidates of one depth in parallel; the same results). Inputs and targets are used as given:
+    standardise y and put x on a readable scale first (the search's initial values adapt to the
+    data's spread, but its descriptions are in x's units). See the module docstring.
+    """
+    X, y = _check_data(X, y)
+    depth = check_integer(depth, "depth", minimum=1)
+    beam = check_integer(beam, "beam", minimum=1)
+    restarts = check_integer(restarts, "restarts", minimum=1)
+    steps = check_integer(steps, "steps", minimum=1)
+    exact_max = check_integer(exact_max, "exact_max", minimum=1)
+    num_inducing = check_integer(num_inducing, "num_inducing", minimum=1)
+    seed = check_integer(seed, "seed", minimum=0)
+    if isinstance(bases, str) or not isinstance(bases, Sequence) or not bases:
+        raise InvalidArgumentError("bases", f"expected a non-empty list of base kernel names, got {bases!r}")
+    for name in bases:
+        if name not in BASE_KERNELS:
+            raise InvalidArgumentError("bases", unknown_name_message("base kernel", name, list(BASE_KERNELS)))
+    if backend not in BACKENDS:
+        raise InvalidArgumentError("backend", unknown_name_message("backend", backend, list(BACKENDS)))
+    score = "bic-exact" if len(y) <= exact_max else "bic-collapsed"
+    settings = _Settings(restarts, steps, score, num_inducing, seed)
+    stats = _data_stats(X, y)
+    fitted: dict[Expression, Candidate] = {}
+    frontier = [(canonical(b, noise=True), None) for b in _bases(bases, X.shape[1])]
+    bar = _progress(progress, depth)
+    for level in range(1, depth + 1):
+        todo = [(e, p) for e, p in dict(frontier).items() if e not in fitted]
+        if not todo:
+            break
+        if bar is not None:
+            bar.set_description(f"depth {level}/{depth}: {len(todo)} structures")
+        done = _evaluate_all([e for e, _ in todo], X, y, settings, stats, level, [p for _, p in todo], backend)
+        for (expression, _), candidate in zip(todo, done):
+            fitted[expression] = candidate
+        best_level = sorted(zip(done, [e for e, _ in todo]), key=lambda pair: pair[0].score)[:beam]
+        if bar is not None:
+            best = min(fitted.values(), key=lambda c: c.score)
+            bar.set_postfix_str(f"best {best.expression} (BIC {best.score:.1f})")
+            bar.update(1)
+        if level < depth:
+            frontier = []
+            for candidate, expression in best_level:
+                if math.isfinite(candidate.score):
+                    frontier.extend((child, candidate.expression)
+                                    for child in expand(expression, bases, X.shape[1], changes))
+    if bar is not None:
+        bar.close()
+    trace = sorted(fitted.values(), key=lambda c: (c.depth, c.score))
+    return SearchResult(trace=tuple(trace), score=score, X=X, y=y, settings=settings)
+
+
+def _progress(show: bool, total: int):
+    if not show:
+        return None
+    from tqdm.auto import tqdm  # noqa: PLC0415
+
+    return tqdm(total=total, unit="depth", leave=False)
+
+
+# ----------------------------------------------------------------------------- results
+@dataclasses.dataclass(frozen=True)
+class SearchResult:
+    """The search trace and its best structure (see :func:`search`)."""
+
+    trace: tuple[Candidate, ...]
+    score: str
+    X: np.ndarray
+    y: np.ndarray
+    settings: _Settings
+
+    @property
+    def best(self) -> Candidate:
+        return min(self.trace, key=lambda c: c.score)
+
+    @property
+    def expression(self) -> Expression:
+        """The best structure (canonical)."""
+        return canonical(parse(self.best.expression), noise=True)
+
+    def table(self):
+        """The trace as a pandas DataFrame, one row per fitted structure, best first."""
+        import pandas as pd  # noqa: PLC0415
+
+        return pd.DataFrame([c.row() for c in self.trace]).sort_values("score").reset_index(drop=True)
+
+    def kernel(self, candidate: Candidate | None = None):
+        """The fitted kernel of ``candidate`` (default the best), with concrete hyperparameters."""
+        candidate = candidate or self.best
+        expression = canonical(parse(candidate.expression), noise=True)
+        values = {k: jnp.asarray(v) for k, v in candidate.hyperparameters.items() if k != "noise"}
+        return _kernel_at(expression, values)
+
+    @property
+    def noise_variance(self) -> float:
+        return float(self.best.hyperparameters["noise"])
+
+    def _solve(self):
+        kernel = self.kernel()
+        X, y = jnp.asarray(self.X), jnp.asarray(self.y)
+        K = kernel.K(X) + self.noise_variance * jnp.eye(len(y), dtype=X.dtype)
+        return kernel, jax.scipy.linalg.cho_factor(K, lower=True), X, y
+
+    def predict(self, X_new):
+        """Exact posterior mean and variance of f at ``X_new`` ``[N*, D]`` under the best structure."""
+        X_new = self._check_new(X_new)
+        kernel, factor, X, y = self._solve()
+        Ks = kernel.K(X, X_new)  # [N, N*]
+        mean = Ks.T @ jax.scipy.linalg.cho_solve(factor, y)
+        var = kernel.K_diag(X_new) - jnp.sum(Ks * jax.scipy.linalg.cho_solve(factor, Ks), axis=0)
+        return np.asarray(mean), np.asarray(var)
+
+    def _check_new(self, X_new):
+        X_new = as_float_array(X_new, "X_new")
+        X_new = X_new[:, None] if X_new.ndim == 1 else X_new
+        if X_new.ndim != 2 or X_new.shape[1] != self.X.shape[1]:
+            raise DataError("X_new", f"must have {self.X.shape[1]} input columns, got shape {X_new.shape}")
+        return jnp.asarray(X_new, jnp.asarray(self.X).dtype)
+
+    def decomposition(self, X_new, full_cov: bool = False) -> list[dict]:
+        """The additive components of the best structure at ``X_new`` (Duvenaud 2014, eq. 1.17–1.18).
+
+        For f = Σ_i f_i with f_i ~ GP(0, k_i) and y = f + ε, each component's posterior is
+        mean_i = K_i(X*, X) (K + σ²I)⁻¹ y and cov_i = K_i(X*, X*) − K_i(X*, X) (K + σ²I)⁻¹ K_i(X, X*).
+        Returns one dict per summand: ``expression``, ``description``, ``mean`` ``[N*]`` and ``var``
+        ``[N*]`` (``cov`` ``[N*, N*]`` too with ``full_cov``). The means sum to the full posterior
+        mean; the covariances plus the cross-covariances −K_i(X*, X)(K + σ²I)⁻¹K_j(X, X*) sum to the
+        full covariance.
+        """
+        X_new = self._check_new(X_new)
+        kernel, factor, X, y = self._solve()
+        parts = kernel.kernels if isinstance(self.expression, Add) else (kernel,)
+        alpha = jax.scipy.linalg.cho_solve(factor, y)
+        out = []
+        for expression, part in zip(summands(self.expression), parts):
+            Ks = part.K(X, X_new)  # [N, N*]
+            solved = jax.scipy.linalg.cho_solve(factor, Ks)
+            entry = {"expression": str(expression), "description": describe(expression, part),
+                     "mean": np.asarray(Ks.T @ alpha)}
+            if full_cov:
+                entry["cov"] = np.asarray(part.K(X_new) - Ks.T @ solved)
+                entry["var"] = np.diag(entry["cov"]).copy()
+            else:
+                entry["var"] = np.asarray(part.K_diag(X_new) - jnp.sum(Ks * solved, axis=0))
+            out.append(entry)
+        return out
+
+    def spec(self, num_inducing: int | None = None):
+        """The best structure as a gpzoo :class:`~gpzoo.models.zoo_core.ModelSpec` (sparse variational GP,
+        Gaussian likelihood) initialised at the search's hyperparameters, for :func:`gpzoo.fit` / :func:`gpzoo.compare`."""
+        from gpzoo.models.likelihoods import Gaussian  # noqa: PLC0415
+        from gpzoo.models.zoo_core import ModelSpec  # noqa: PLC0415
+
+        M = min(len(self.y), 64) if num_inducing is None else check_integer(num_inducing, "num_inducing", minimum=1)
+        # the fitted values in the template's pytree, keeping its fixed unit variances fixed
+        is_fixed = lambda v: isinstance(v, Fixed)  # noqa: E731
+        template, treedef = jax.tree.flatten(to_kernel(self.expression), is_leaf=is_fixed)
+        fitted = jax.tree.leaves(self.kernel())
+        leaves = [t if is_fixed(t) else np.asarray(f, np.float64) for t, f in zip(template, fitted, strict=True)]
+        return ModelSpec(name="searched", kernel=jax.tree.unflatten(treedef, leaves),
+                         likelihood=Gaussian(noise_variance=self.noise_variance), num_inducing=M,
+                         description=f"structure found by kernel search: {self.best.expression}")
+
+    def to_json(self) -> dict:
+        """A JSON-ready summary: the score used, settings, best structure and the whole trace."""
+        return {"score": self.score, "settings": dataclasses.asdict(self.settings),
+                "best": dataclasses.asdict(self.best), "trace": [dataclasses.asdict(c) for c in self.trace]}
+
+
+# ----------------------------------------------------------------------------- descriptions
+def _value(kernel, field: str) -> float:
+    return float(np.asarray(getattr(kernel.resolved(), field)).reshape(-1)[0])
+
+
+def _factor_kernels(expression: Expression, kernel) -> list[tuple[Base, object]]:
+    if isinstance(expression, Mul):
+        return list(zip(expression.factors, kernel.kernel.kernels))
+    return [(expression, kernel)]
+
+
+def describe(expression: Expression, kernel) -> str:
+    """A one-line plain-language description of one summand from its fitted hyperparameters
+    (in the inputs' units), in the manner of the Automatic Statistician (Lloyd et al. 2014, §5)."""
+    if isinstance(expression, Change):
+        where = f"{_value(kernel, 'location'):.4g}"
+        if expression.kind == "CP":
+            return (f"changes around x = {where} from [{_describe_sum(expression.first, kernel.before)}] "
+                    f"to [{_describe_sum(expression.second, kernel.after)}]")
+        return (f"inside a window of width {_value(kernel, 'width'):.3g} around x = {where}: "
+                f"[{_describe_sum(expression.second, kernel.inside)}]; elsewhere "
+                f"[{_describe_sum(expression.first, kernel.outside)}]")
+    factors = _factor_kernels(expression, kernel)
+    names = [f.name for f, _ in factors]
+    if "WN" in names:
+        return "white noise" + (" with linearly growing amplitude" if "Lin" in names else "")
+    words = []
+    periodic = [(f, k) for f, k in factors if f.name == "Per"]
+    smooth = [(f, k) for f, k in factors if f.name in ("SE", "RQ")]
+    linear = names.count("Lin")
+    if periodic:
+        period = ", ".join(f"{_value(k, 'period'):.3g}" for _, k in periodic)
+        if smooth:
+            words.append(f"approximately periodic, period {period}, changing over {_value(smooth[0][1], 'lengthscale'):.3g}")
+        else:
+            words.append(f"periodic, period {period}")
+    elif smooth:
+        kind = "smooth with many length scales around" if smooth[0][0].name == "RQ" else "smooth, lengthscale"
+        words.append(f"{kind} {_value(smooth[0][1], 'lengthscale'):.3g}")
+    if linear:
+        if periodic or smooth:
+            words.append("with linearly growing amplitude" if linear == 1 else f"with amplitude growing as x^{linear}")
+        else:
+            words.append("linear trend" if linear == 1 else f"polynomial trend of degree {linear}")
+    if not words:
+        words.append("constant offset")
+    return ", ".join(words)
+
+
+def _describe_sum(expression: Expression, kernel) -> str:
+    parts = kernel.kernels if isinstance(expression, Add) else (kernel,)
+    return "; ".join(describe(e, k) for e, k in zip(summands(expression), parts))
+
+
+# ----------------------------------------------------------------------------- report
+def _evidence(delta: float) -> str:
+    """Kass & Raftery 1995, §3.2: the BIC difference as evidence (2 log Bayes factor ≈ −ΔBIC)."""
+    if delta > 10:
+        return "very strong"
+    if delta > 6:
+        return "strong"
+    if delta > 2:
+        return "positive"
+    return "weak"
+
+
+def verdict(result: SearchResult) -> str:
+    """One sentence: the winning structure and how sure the search is of it."""
+    ranked = sorted(result.trace, key=lambda c: c.score)
+    best = ranked[0]
+    name = str(canonical(parse(best.expression), noise=True))
+    if len(ranked) == 1:
+        return f"{name} is the only structure fitted ({result.score} {best.score:.1f})."
+    second = ranked[1]
+    delta = second.score - best.score
+    other = str(canonical(parse(second.expression), noise=True))
+    return (f"{name} fits best: its BIC ({result.score}) is {delta:.1f} lower than the runner-up {other}'s, "
+            f"{_evidence(delta)} evidence by Kass & Raftery's scale.")
+
+
+def _figures(result: SearchResult, folder, X_test=None, y_test=None) -> dict[str, str]:
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    folder.mkdir(parents=True, exist_ok=True)
+    X = result.X
+    names = {}
+    if X.shape[1] == 1:
+        lo, hi = X[:, 0].min(), X[:, 0].max()
+        if X_test is not None:
+            lo, hi = min(lo, np.min(X_test)), max(hi, np.max(X_test))
+        pad = 0.05 * (hi - lo)
+        grid = np.linspace(lo - pad, hi + pad, 400)[:, None]
+        mean, var = result.predict(grid)
+        sd = np.sqrt(np.maximum(var + result.noise_variance, 0.0))
+        fig, ax = plt.subplots(figsize=(8, 3.2))
+        ax.plot(X[:, 0], result.y, ".", ms=3, color="k", label="training data")
+        if X_test is not None and y_test is not None:
+            ax.plot(np.ravel(X_test), y_test, ".", ms=3, color="tab:red", label="held-out data")
+        ax.plot(grid[:, 0], mean, color="tab:blue", label="posterior mean")
+        ax.fill_between(grid[:, 0], mean - 2 * sd, mean + 2 * sd, color="tab:blue", alpha=0.2, label="± 2 sd (y)")
+        ax.set_xlabel("x")
+        ax.legend(fontsize=7, loc="best")
+        ax.set_title(str(result.expression))
+        fig.tight_layout()
+        fig.savefig(folder / "fit.png", dpi=110)
+        plt.close(fig)
+        names["fit"] = "fit.png"
+        parts = result.decomposition(grid)
+        fig, axes = plt.subplots(len(parts), 1, figsize=(8, 2.2 * len(parts)), squeeze=False)
+        for ax, part in zip(axes[:, 0], parts):
+            sd = np.sqrt(np.maximum(part["var"], 0.0))
+            ax.plot(grid[:, 0], part["mean"], color="tab:green")
+            ax.fill_between(grid[:, 0], part["mean"] - 2 * sd, part["mean"] + 2 * sd, color="tab:green", alpha=0.2)
+            ax.set_title(f"{part['expression']}: {part['description']}", fontsize=8)
+        fig.tight_layout()
+        fig.savefig(folder / "components.png", dpi=110)
+        plt.close(fig)
+        names["components"] = "components.png"
+    depths = sorted({c.depth for c in result.trace})
+    best_per_depth = [min(c.score for c in result.trace if c.depth == d) for d in depths]
+    fig, ax = plt.subplots(figsize=(5, 3))
+    for c in result.trace:
+        ax.plot(c.depth, c.score, "o", color="0.7", ms=3)
+    ax.plot(depths, best_per_depth, "-o", color="tab:blue", label="best at depth")
+    ax.set_xlabel("depth")
+    ax.set_ylabel(f"BIC ({result.score}; lower is better)")
+    ax.set_xticks(depths)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(folder / "scores.png", dpi=110)
+    plt.close(fig)
+    names["scores"] = "scores.png"
+    return names
+
+
+def heldout_metrics(result: SearchResult, X_test, y_test) -> dict:
+    """RMSE and mean log predictive density of y at held-out points under the best structure."""
+    mean, var = result.predict(X_test)
+    y_test = as_float_array(y_test, "y_test")
+    total = var + result.noise_variance
+    lpd = -0.5 * (np.log(2 * np.pi * total) + (y_test - mean) ** 2 / total)
+    return {"rmse": float(np.sqrt(np.mean((y_test - mean) ** 2))), "mean_log_predictive_density": float(lpd.mean())}
+
+
+def write_report(result: SearchResult, out_dir, *, X_test=None, y_test=None, title: str = "Kernel structure search"):
+    """Write ``search.json``, ``search.csv``, figures and ``report.html`` to ``out_dir``; returns the HTML path.
+
+    The report opens with :func:`verdict`, then shows the data with the posterior mean ± 2 sd and its
+    extrapolation to the held-out inputs, the additive components (each with its description), the
+    best score per depth, and the whole trace."""
+    import html  # noqa: PLC0415
+    import json  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    figures = _figures(result, out / "figures", X_test, y_test)
+    summary = result.to_json()
+    if X_test is not None and y_test is not None:
+        summary["heldout"] = heldout_metrics(result, X_test, y_test)
+    summary["verdict"] = verdict(result)
+    (out / "search.json").write_text(json.dumps(summary, indent=1, allow_nan=True))
+    table = result.table()
+    table.to_csv(out / "search.csv", index=False)
+    components = []
+    if result.X.shape[1] == 1:
+        components = [(p["expression"], p["description"]) for p in result.decomposition(result.X[:1])]
+    rows = "".join(f"<li><b>{html.escape(e)}</b>: {html.escape(d)}</li>" for e, d in components)
+    heldout = ""
+    if "heldout" in summary:
+        h = summary["heldout"]
+        heldout = (f"<p>Held-out: RMSE {h['rmse']:.4g}, mean log predictive density "
+                   f"{h['mean_log_predictive_density']:.4g}.</p>")
+    images = "".join(f'<figure><img src="figures/{html.escape(f)}" alt="{html.escape(k)}"></figure>' for k, f in figures.items())
+    page = f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem}}img{{max-width:100%}}
+table{{border-collapse:collapse;font-size:0.85rem}}td,th{{border:1px solid #ccc;padding:2px 6px}}</style></head><body>
+<h1>{html.escape(title)}</h1>
+<p class="verdict">{html.escape(summary['verdict'])}</p>
+<p>Scored by {html.escape(result.score)} (BIC = −2 log p(y | θ̂) + p log N; {len(result.trace)} structures fitted,
+{result.settings.restarts} restarts each).</p>
+{heldout}
+<h2>Components</h2><ul>{rows}</ul>
+{images}
+<h2>Search trace</h2>
+{table.to_html(index=False, float_format=lambda v: f"{v:.4g}")}
+</body></html>"""
+    path = out / "report.html"
+    path.write_text(page, encoding="utf-8")
+    return path
