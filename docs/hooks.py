@@ -1,0 +1,87 @@
+"""MkDocs hooks of the documentation site (``hooks:`` in mkdocs.yml).
+
+* ``on_config``: gpzoo installs ``src/gpzoo`` with ``models/``, ``inference/`` and ``analysis/`` as
+  its subpackages (``package-dir`` in pyproject.toml). mkdocstrings reads the sources statically
+  (Griffe, without importing JAX), and Griffe finds a package in one folder; so the package is laid
+  out once more, as links to the real files, in ``build/docs-api/gpzoo`` (``build/`` is ignored by git).
+* ``on_files``: adds ``results.md``, rendered from ``benchmarks/results/*.json`` by
+  ``scripts/docs_results.py`` (the same tables as the README's results section), and the
+  notebooks in ``notebooks/``, which mkdocs-jupyter shows as saved (not executed).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from mkdocs.plugins import event_priority
+from mkdocs.structure.files import File, Files
+
+ROOT = Path(__file__).resolve().parents[1]
+API_TREE = ROOT / "build" / "docs-api"
+#: subpackage -> folder, as in pyproject.toml's package-dir
+SUBPACKAGES = {"models": "models", "inference": "inference", "analysis": "analysis"}
+
+
+def _link(target: Path, link: Path) -> None:
+    try:
+        link.symlink_to(target, target_is_directory=target.is_dir())
+    except OSError:  # no symlinks (some Windows setups): copy instead
+        if target.is_dir():
+            shutil.copytree(target, link, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(target, link)
+
+
+def _layout_package() -> None:
+    """Write ``build/docs-api/gpzoo`` (links to src/gpzoo's files and the three subpackage folders)."""
+    API_TREE.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".gpzoo-", dir=API_TREE))
+    package = staging / "gpzoo"
+    package.mkdir()
+    for path in (ROOT / "src" / "gpzoo").iterdir():
+        if path.name != "__pycache__":
+            _link(path, package / path.name)
+    for name, folder in SUBPACKAGES.items():
+        _link(ROOT / folder, package / name)
+    old = API_TREE / "gpzoo"
+    if old.exists():
+        trash = Path(tempfile.mkdtemp(prefix=".old-", dir=API_TREE))
+        try:
+            os.replace(old, trash / "gpzoo")
+        except OSError:  # another build replaced it at the same moment: theirs is the same
+            pass
+        shutil.rmtree(trash, ignore_errors=True)
+    try:
+        os.replace(package, old)
+    except OSError:
+        pass
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _results_page() -> str:
+    spec = importlib.util.spec_from_file_location("_gpzoo_docs_results", ROOT / "scripts" / "docs_results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.results_page()
+
+
+@event_priority(100)  # before mkdocstrings' on_config, which reads the handler's paths
+def on_config(config):
+    _layout_package()
+    return config
+
+
+@event_priority(100)  # before mkdocs-jupyter's on_files, which converts the notebooks added here
+def on_files(files: Files, *, config) -> Files:
+    existing = files.get_file_from_path("results.md")
+    if existing is not None:  # a copy written by scripts/docs_results.py --out docs/results.md
+        files.remove(existing)
+    files.append(File.generated(config, "results.md", content=_results_page()))
+    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        files.append(File(f"notebooks/{notebook.name}", src_dir=str(ROOT), dest_dir=config.site_dir,
+                          use_directory_urls=config.use_directory_urls))
+    return files

@@ -1,0 +1,163 @@
+"""The documentation site: it builds in strict mode, and its examples cannot drift from the API.
+
+The build needs the docs extra (``scripts/setup --docs``) and is skipped without it; the checks of
+the examples need only gpzoo: every ```python block in ``docs/`` parses, every ``gpzoo`` module and
+name it imports exists, every ``gpzoo.a.b`` it uses resolves, and every ``zoo.get("name", key=...)``
+names a registered model and options that model takes.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+PAGES = sorted(DOCS.rglob("*.md"))
+
+
+def _python_blocks() -> list[tuple[str, str]]:
+    """(``page:line``, code) of every fenced ```python block in docs/."""
+    blocks = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for match in re.finditer(r"^```python[^\n]*\n(.*?)^```", text, flags=re.M | re.S):
+            line = text.count("\n", 0, match.start()) + 1
+            blocks.append((f"{page.relative_to(REPO)}:{line}", match.group(1)))
+    return blocks
+
+
+BLOCKS = _python_blocks()
+
+
+def _trees() -> list[tuple[str, ast.Module]]:
+    return [(where, ast.parse(code, filename=where)) for where, code in BLOCKS]
+
+
+def _dotted(node: ast.AST) -> str | None:
+    """``gpzoo.a.b`` for an attribute chain on the name ``gpzoo``, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name) and node.id == "gpzoo":
+        return ".".join(["gpzoo", *reversed(parts)])
+    return None
+
+
+def _resolve(dotted: str):
+    """The object ``dotted`` names: the longest importable module prefix, then attributes."""
+    parts = dotted.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:split]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[split:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+def test_docs_have_python_examples():
+    assert len(BLOCKS) >= 10, [where for where, _ in BLOCKS]
+
+
+@pytest.mark.parametrize("where, code", BLOCKS, ids=[where for where, _ in BLOCKS])
+def test_python_block_parses(where, code):
+    ast.parse(code, filename=where)
+
+
+def test_gpzoo_imports_in_examples_resolve():
+    missing = []
+    for where, tree in _trees():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "gpzoo" and importlib.util.find_spec(alias.name) is None:
+                        missing.append(f"{where}: import {alias.name}")
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "gpzoo":
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    if not hasattr(module, alias.name) and importlib.util.find_spec(f"{node.module}.{alias.name}") is None:
+                        missing.append(f"{where}: from {node.module} import {alias.name}")
+    assert not missing, missing
+
+
+def test_gpzoo_names_in_examples_resolve():
+    missing = []
+    for where, tree in _trees():
+        for node in ast.walk(tree):
+            dotted = _dotted(node) if isinstance(node, ast.Attribute) else None
+            if dotted is None:
+                continue
+            try:
+                _resolve(dotted)
+            except (ImportError, AttributeError):
+                missing.append(f"{where}: {dotted}")
+    assert not missing, missing
+
+
+def test_zoo_models_and_options_in_examples_exist():
+    from gpzoo import zoo
+
+    trees = _trees()
+    defined = {dec.args[0].value for _, tree in trees for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+               for dec in node.decorator_list
+               if isinstance(dec, ast.Call) and getattr(dec.func, "attr", None) == "register" and dec.args
+               and isinstance(dec.args[0], ast.Constant)}
+    problems, checked = [], 0
+    for where, tree in trees:
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "zoo"):
+                continue
+            if not (node.args and isinstance(node.args[0], ast.Constant)) or node.args[0].value in defined:
+                continue
+            name = node.args[0].value
+            if name not in zoo.names():
+                problems.append(f"{where}: no zoo model {name!r}")
+                continue
+            checked += 1
+            unknown = [kw.arg for kw in node.keywords if kw.arg is not None and kw.arg not in zoo.option_names(name)]
+            if unknown:
+                problems.append(f"{where}: {name!r} has no option(s) {unknown}")
+    assert not problems, problems
+    assert checked >= 5
+
+
+def test_every_page_is_in_the_nav():
+    config = (REPO / "mkdocs.yml").read_text(encoding="utf-8")
+    listed = set(re.findall(r":\s*([\w/.-]+\.(?:md|ipynb))\s*$", config, flags=re.M))
+    pages = {str(p.relative_to(DOCS)) for p in PAGES}
+    assert pages - listed == set(), "pages missing from mkdocs.yml's nav"
+    generated = {"results.md"} | {f"notebooks/{p.name}" for p in (REPO / "notebooks").glob("*.ipynb")}
+    assert listed - pages - generated == set(), "nav entries without a page"
+
+
+def test_site_builds_in_strict_mode(tmp_path):
+    for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python", "mkdocs_jupyter"):
+        if importlib.util.find_spec(module.split(".")[0]) is None or importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is not installed (the docs extra: scripts/setup --docs)")
+    site = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(REPO / "mkdocs.yml"),
+                           "--site-dir", str(site)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    pages = ["index.html", "results/index.html", "references/index.html", "models/convolutional/index.html",
+             "workflows/compare/index.html", "notebooks/explore/index.html",
+             *(f"api/{name}/index.html" for name in ("gpzoo", "kernels", "likelihoods", "zoo", "inference", "analysis"))]
+    assert [p for p in pages if not (site / p).is_file()] == []
+    api = (site / "api" / "gpzoo" / "index.html").read_text(encoding="utf-8")
+    assert "gpzoo.fit" in api and "gpzoo.predict" in api and "checkpoint_dir" in api  # fit's signature, from its docstring page
+    kernels = (site / "api" / "kernels" / "index.html").read_text(encoding="utf-8")
+    assert "ChangePoint" in kernels and "WeightedConvolutional" in kernels
+    results = (site / "results" / "index.html").read_text(encoding="utf-8")
+    assert "reproduce_conv.py" in results and "<table>" in results
