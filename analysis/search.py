@@ -5,8 +5,9 @@ change operators of Lloyd, Duvenaud, Grosse, Tenenbaum, Ghahramani 2014, §3):
 
 1. depth 1 fits every base kernel on every input column;
 2. each later depth expands the ``beam`` best structures of the previous depth by every
-   production — S → S + B, a summand T → T × B (and S → S × B), B → B′ (replace one base), and
-   S → CP(S, S), S → CW(S, S) along each column — reduces every result to its canonical form
+   production — S → S + B, a summand T → T × B (and S → S × B), B → B′ (replace one base),
+   S → CP(S, S), S → CW(S, S), and S → CP(S, B), S → CP(B, S) (a change between the structure and
+   a base, as Lloyd et al. 2014's S → CW(S, C)) along each column — reduces every result to its canonical form
    (:func:`gpzoo.models.grammar.canonical`) and fits only the structures not fitted before;
 3. the search returns the best structure of all depths.
 
@@ -41,7 +42,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
-import optax
 from numpyro import handlers
 from numpyro.distributions import constraints
 from numpyro.distributions.transforms import biject_to
@@ -118,6 +118,9 @@ def expand(expression: Expression, names: Sequence[str], num_dims: int, changes:
         for d in range(num_dims):
             out.append(Change("CP", expression, expression, d))
             out.append(Change("CW", expression, expression, d))
+            for b in bases:  # a change between the structure and a base, either way round
+                out.append(Change("CP", expression, b, d))
+                out.append(Change("CP", b, expression, d))
     seen, result = set(), []
     for candidate in out:
         c = canonical(candidate, noise=True)
@@ -197,8 +200,6 @@ class _Structure:
 
     expression: Expression
     score: str
-    steps: int
-    num_inducing: int
 
 
 def _sites(kernel) -> dict:
@@ -234,33 +235,115 @@ def _log_marginal(structure: _Structure, unconstrained: dict, X, y, Z, noise_flo
     return collapsed_elbo(kernel, noise, Z, X, y)
 
 
-def _optimise_one(structure: _Structure, u0: dict, X, y, Z, noise_floor):
-    N = X.shape[0]
-
-    def loss(u):
-        value = -_log_marginal(structure, u, X, y, Z, noise_floor) / N
-        return jnp.where(jnp.isfinite(value), value, jnp.inf)
-
-    # L-BFGS with a backtracking (Armijo) line search: about as good an optimum per iteration as
-    # the zoom (Wolfe) search, at half the compile time and a third of the run time when vmapped
-    optimiser = optax.lbfgs(linesearch=optax.scale_by_backtracking_linesearch(max_backtracking_steps=12, store_grad=True))
-    value_and_grad = optax.value_and_grad_from_state(loss)
-
-    def step(carry, _):
-        u, state = carry
-        value, grad = value_and_grad(u, state=state)
-        grad = jax.tree.map(lambda g: jnp.where(jnp.isfinite(g), g, 0.0), grad)
-        updates, state = optimiser.update(grad, state, u, value=value, grad=grad, value_fn=loss)
-        return (optax.apply_updates(u, updates), state), value
-
-    (u, _), _ = jax.lax.scan(step, (u0, optimiser.init(u0)), None, length=structure.steps)
-    return u, -loss(u) * N
+def _loss(structure: _Structure, u: dict, X, y, Z, noise_floor):
+    """−log p(y | θ) / N for one restart's unconstrained ``u`` (+inf where it is not finite)."""
+    value = -_log_marginal(structure, u, X, y, Z, noise_floor) / X.shape[0]
+    return jnp.where(jnp.isfinite(value), value, jnp.inf)
 
 
 @functools.partial(jax.jit, static_argnames=("structure",))
-def _optimise(structure: _Structure, u0: dict, X, y, Z, noise_floor):
-    """Optimise every restart (leading axis of ``u0``'s leaves) at once; the final log marginals ``[R]``."""
-    return jax.vmap(lambda u: _optimise_one(structure, u, X, y, Z, noise_floor))(u0)
+def _batched_loss(structure: _Structure, U: dict, X, y, Z, noise_floor):
+    """The loss of every restart (leading axis of ``U``'s leaves) in one program: ``[R]``."""
+    return jax.vmap(lambda u: _loss(structure, u, X, y, Z, noise_floor))(U)
+
+
+@functools.partial(jax.jit, static_argnames=("structure",))
+def _batched_loss_and_grad(structure: _Structure, U: dict, X, y, Z, noise_floor):
+    """Loss ``[R]`` and gradient (``U``'s structure) of every restart in one program."""
+    return jax.vmap(jax.value_and_grad(lambda u: _loss(structure, u, X, y, Z, noise_floor)))(U)
+
+
+def _flat(U: dict) -> np.ndarray:
+    return np.concatenate([np.asarray(U[k], np.float64).reshape(len(U[k]), -1) for k in sorted(U)], axis=1)
+
+
+def _unflat(flat: np.ndarray, like: dict, dtype) -> dict:
+    out, start = {}, 0
+    for k in sorted(like):
+        shape = like[k].shape[1:]
+        size = int(np.prod(shape))
+        out[k] = jnp.asarray(flat[:, start:start + size].reshape((len(flat), *shape)), dtype)
+        start += size
+    return out
+
+
+def _two_loop(g: np.ndarray, S: list, Y: list) -> np.ndarray:
+    """L-BFGS's two-loop recursion (Nocedal & Wright 2006, alg. 7.4): H g for one restart."""
+    q, alphas = g.copy(), []
+    for s, yv in reversed(list(zip(S, Y))):
+        a = (s @ q) / (yv @ s)
+        alphas.append(a)
+        q -= a * yv
+    if S:
+        q *= (S[-1] @ Y[-1]) / (Y[-1] @ Y[-1])
+    for (s, yv), a in zip(zip(S, Y), reversed(alphas)):
+        q += s * (a - (yv @ q) / (yv @ s))
+    return q
+
+
+def _optimise(structure: _Structure, u0: dict, X, y, Z, noise_floor, steps: int, memory: int = 10):
+    """L-BFGS with a backtracking (Armijo) line search on every restart at once; returns the final
+    unconstrained points and log marginals ``[R]``.
+
+    The restarts' losses and gradients are evaluated together (``vmap``) in one compiled program per
+    structure, and their trial points in another; the L-BFGS bookkeeping of each restart (its
+    curvature pairs, step lengths and stopping) is its own, on the host, so a restart ends where it
+    would end alone (up to the rounding of the batched arithmetic)."""
+    dtype = u0[next(iter(u0))].dtype
+    U = _flat(u0)
+    R = len(U)
+
+    def values(V):
+        return np.array(_batched_loss(structure, _unflat(V, u0, dtype), X, y, Z, noise_floor), np.float64)
+
+    def values_and_grads(V):
+        f, g = _batched_loss_and_grad(structure, _unflat(V, u0, dtype), X, y, Z, noise_floor)
+        return np.array(f, np.float64), _flat(g)
+
+    f, g = values_and_grads(U)
+    live = np.isfinite(f) & np.all(np.isfinite(g), axis=1)
+    history = [([], []) for _ in range(R)]
+    for _ in range(steps):
+        if not live.any():
+            break
+        d = np.zeros_like(U)
+        for r in np.flatnonzero(live):
+            S, Yh = history[r]
+            d[r] = -_two_loop(g[r], S, Yh) if S else -g[r] / max(1.0, float(np.linalg.norm(g[r])))
+            if g[r] @ d[r] >= 0:  # not a descent direction: restart from steepest descent
+                history[r] = ([], [])
+                d[r] = -g[r] / max(1.0, float(np.linalg.norm(g[r])))
+        slope = np.sum(g * d, axis=1)
+        t, accepted, trial = np.ones(R), np.zeros(R, bool), U.copy()
+        for _ in range(20):
+            pending = live & ~accepted
+            if not pending.any():
+                break
+            candidate = U + t[:, None] * d
+            ft = values(np.where(pending[:, None], candidate, U))
+            ok = pending & np.isfinite(ft) & (ft <= f + 1e-4 * t * slope)
+            trial[ok] = candidate[ok]
+            accepted |= ok
+            t = np.where(accepted, t, 0.5 * t)
+        live &= accepted  # a restart whose line search fails has converged (or cannot move)
+        if not live.any():
+            break
+        f_new, g_new = values_and_grads(np.where(live[:, None], trial, U))
+        for r in np.flatnonzero(live):
+            if not (np.isfinite(f_new[r]) and np.all(np.isfinite(g_new[r]))):
+                live[r] = False
+                continue
+            s, yv = trial[r] - U[r], g_new[r] - g[r]
+            if s @ yv > 1e-12 * (yv @ yv):
+                S, Yh = history[r]
+                S.append(s)
+                Yh.append(yv)
+                del S[:-memory], Yh[:-memory]
+            converged = abs(f[r] - f_new[r]) <= 1e-10 * max(1.0, abs(f[r])) or np.max(np.abs(g_new[r])) < 1e-7
+            U[r], f[r], g[r] = trial[r], f_new[r], g_new[r]
+            if converged:
+                live[r] = False
+    return _unflat(U, u0, dtype), -f * X.shape[0]
 
 
 def _initial_points(expression: Expression, stats: dict, restarts: int, seed: int, dtype) -> dict:
@@ -298,8 +381,8 @@ def evaluate(expression: Expression, X, y, settings: _Settings, stats: dict, dep
     Z = Xj[np.linspace(0, len(X) - 1, min(settings.num_inducing, len(X))).astype(int)]
     floor = jnp.asarray(stats["y_var"] * (1e-6 if dtype == jnp.float64 else 1e-4), dtype)
     u0 = _initial_points(expression, stats, settings.restarts, settings.seed, dtype)
-    structure = _Structure(expression, settings.score, settings.steps, settings.num_inducing)
-    u, log_marginals = _optimise(structure, u0, Xj, yj, Z, floor)
+    structure = _Structure(expression, settings.score)
+    u, log_marginals = _optimise(structure, u0, Xj, yj, Z, floor, settings.steps)
     log_marginals = np.asarray(log_marginals, dtype=np.float64)
     finite = np.isfinite(log_marginals)
     N, p = len(y), _num_params(u0)

@@ -155,32 +155,38 @@ class Change(Expression):
 
 # ----------------------------------------------------------------------------- canonical form
 # A canonical expression is a sum of "terms"; a term is a product of base kernels (a sorted tuple
-# of Base) or a Change whose branches are canonical.
+# of Base) or a Change whose branches are canonical. While distributing, a term is a pair
+# (base factors, change factors); the change factors move inside the change operators at the end.
 
 def _terms(expression: Expression) -> list:
-    """The expression as a list of terms (distributed, not yet simplified)."""
+    """The expression as a list of (bases, changes) products (distributed, not yet simplified)."""
     if isinstance(expression, Base):
-        return [(expression,)]
+        return [((expression,), ())]
     if isinstance(expression, Add):
         return [t for part in expression.terms for t in _terms(part)]
     if isinstance(expression, Mul):
-        terms = [()]
+        terms = [((), ())]
         for factor in expression.factors:
-            terms = [_times(a, b) for a in terms for b in _terms(factor)]
+            terms = [(a[0] + b[0], a[1] + b[1]) for a in terms for b in _terms(factor)]
         return terms
     if isinstance(expression, Change):
-        return [Change(expression.kind, canonical(expression.first), canonical(expression.second), expression.dim)]
+        return [((), (Change(expression.kind, canonical(expression.first), canonical(expression.second), expression.dim),))]
     raise InvalidArgumentError("expression", f"expected a structure expression, got {type(expression).__name__}")
 
 
-def _times(a, b):
-    """The product of two terms: factors concatenate; a product moves inside a change operator."""
-    if isinstance(a, Change):
-        return Change(a.kind, canonical(_term_expression(b) * a.first) if b else a.first,
-                      canonical(_term_expression(b) * a.second) if b else a.second, a.dim)
-    if isinstance(b, Change):
-        return _times(b, a)
-    return a + b
+def _resolve(term):
+    """A (bases, changes) product as a term: bases alone, or every other factor moved inside the
+    first change operator (by canonical text, so the result does not depend on the factors' order):
+    A × CP(B, C) = CP(A × B, A × C)."""
+    bases, changes = term
+    if not changes:
+        return _simplify_product(bases)
+    first, *others = sorted(changes)
+    rest = [*bases, *others]
+    if not rest:
+        return first
+    outside = rest[0] if len(rest) == 1 else Mul(tuple(rest))
+    return Change(first.kind, canonical(Mul((outside, first.first))), canonical(Mul((outside, first.second))), first.dim)
 
 
 def _term_expression(term) -> Expression:
@@ -212,9 +218,7 @@ def _simplify_product(factors: tuple[Base, ...]) -> tuple[Base, ...]:
 
 def canonical(expression: Expression, noise: bool = False) -> Expression:
     """The canonical representative of ``expression`` (module docstring): equal structures map to equal values."""
-    simplified = set()
-    for term in _terms(expression):
-        simplified.add(term if isinstance(term, Change) else _simplify_product(term))
+    simplified = {_resolve(term) for term in _terms(expression)}
     if noise and len(simplified) > 1:
         simplified = {t for t in simplified if isinstance(t, Change) or t[0].name != "WN" or len(t) > 1}
     expressions = sorted(_term_expression(t) for t in simplified)

@@ -1,0 +1,288 @@
+"""Kernel structure search: the grammar's canonical form, the search, its decomposition and its report."""
+
+import importlib
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpzoo.analysis.search import SearchResult, _Settings, evaluate, expand, search, verdict, write_report
+from gpzoo.models.errors import InvalidArgumentError
+from gpzoo.models.grammar import Add, Base, Change, Mul, canonical, parse, to_kernel
+
+search_module = importlib.import_module("gpzoo.analysis.search")  # the module (gpzoo.analysis.search is the function)
+
+
+# ----------------------------------------------------------------------------- grammar
+@pytest.mark.parametrize("a, b", [
+    ("SE × (Per + Lin)", "Lin × SE + SE × Per"),
+    ("(SE + Per) + Lin", "Lin + (Per + SE)"),
+    ("SE × SE × Per", "Per × SE"),
+    ("C × Per + Lin", "Lin + Per"),
+    ("WN × SE × Per", "WN"),
+    ("Lin × CP(SE, Per)", "CP(Lin × SE, Lin × Per)"),
+    ("SE + SE × C", "SE"),
+    ("(SE + Lin) × (Per + C)", "SE × Per + SE + Lin × Per + Lin"),
+])
+def test_equal_structures_have_one_canonical_form(a, b):
+    assert canonical(parse(a)) == canonical(parse(b))
+    assert canonical(parse(a)).key() == canonical(parse(b)).key()
+
+
+DISTINCT = ["SE", "Per", "Lin", "RQ", "C", "SE + Per", "SE × Per", "Per × Per", "Lin × Lin", "Lin × Lin × Lin",
+            "SE[0] × SE[1]", "SE[0] + SE[1]", "SE[1]", "CP(SE, Per)", "CP(Per, SE)", "CW(SE, Per)", "CP(SE, Per, 1)",
+            "Lin + SE", "Lin × SE", "Lin × SE + SE", "WN × Lin", "WN", "SE + WN", "Per + RQ", "Per × RQ"]
+
+
+def test_different_structures_are_never_merged():
+    forms = [canonical(parse(text)) for text in DISTINCT]
+    assert len(set(forms)) == len(DISTINCT)
+
+
+def test_a_bare_white_noise_summand_is_the_likelihood_noise():
+    assert canonical(parse("SE + WN"), noise=True) == canonical(parse("SE"))
+    assert canonical(parse("SE + WN × Lin"), noise=True) != canonical(parse("SE"))
+
+
+def _unit_kernel(expression):
+    """The kernel of a (not canonical) expression with unit hyperparameters, by the kernel algebra."""
+    if isinstance(expression, Base):
+        return to_kernel(expression)
+    if isinstance(expression, Add):
+        out = _unit_kernel(expression.terms[0])
+        for t in expression.terms[1:]:
+            out = out + _unit_kernel(t)
+        return out
+    if isinstance(expression, Mul):
+        out = _unit_kernel(expression.factors[0])
+        for f in expression.factors[1:]:
+            out = out * _unit_kernel(f)
+        return out
+    return to_kernel(Change(expression.kind, canonical(expression.first), canonical(expression.second), expression.dim))
+
+
+@pytest.mark.parametrize("text", ["SE × (Per + Lin)", "(Lin + Per) × (SE + RQ)", "Lin × CP(SE, Per + Lin)",
+                                  "CW(SE, Per) × Lin"])
+def test_distributing_and_moving_factors_inside_changes_keeps_the_kernel(text):
+    """At unit hyperparameters (every summand's variance 1) distributivity and A × CP(B, C) = CP(A×B, A×C)
+    are identities of the covariance, not only of the model family."""
+    X = np.linspace(-2, 3, 9)[:, None]
+    raw, canon = _unit_kernel(parse(text)), to_kernel(canonical(parse(text)))
+    np.testing.assert_allclose(np.asarray(canon.K(X)), np.asarray(raw.K(X)), rtol=1e-12, atol=1e-12)
+
+
+_LEAVES = st.sampled_from(["SE", "Per", "Lin", "RQ", "C", "SE[1]"])
+_EXPRESSIONS = st.recursive(_LEAVES, lambda inner: st.one_of(
+    st.tuples(inner, inner).map(lambda p: f"({p[0]} + {p[1]})"),
+    st.tuples(inner, inner).map(lambda p: f"({p[0]} × {p[1]})"),
+    st.tuples(inner, inner).map(lambda p: f"CP({p[0]}, {p[1]})")), max_leaves=6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_EXPRESSIONS, _EXPRESSIONS)
+def test_canonical_form_is_idempotent_commutative_and_round_trips_its_text(a, b):
+    ea, eb = parse(a), parse(b)
+    c = canonical(Add((ea, eb)))
+    assert canonical(c) == c
+    assert canonical(Add((eb, ea))) == c and canonical(Mul((ea, eb))) == canonical(Mul((eb, ea)))
+    assert canonical(parse(c.key())) == c
+
+
+def test_parse_errors_are_typed():
+    for bad in ("", "SE +", "SE × (Per", "Foo + SE", "CP(SE)", "SE[x]", "SE $ Per"):
+        with pytest.raises(InvalidArgumentError) as info:
+            parse(bad)
+        assert info.value.argument in ("expression", "base")
+
+
+# ----------------------------------------------------------------------------- search
+def _series(kind: str, noise: float, n: int = 100, seed: int = 0):
+    """y from a known structure on x in [0, 6] (standardised): the generating expression and true period."""
+    rng = np.random.default_rng(seed)
+    x = np.sort(rng.uniform(0.0, 6.0, n))
+    if kind == "Lin + Per":
+        f, truth, period = 0.6 * x + np.sin(2 * np.pi * x / 1.3), "Lin + Per", 1.3
+    elif kind == "Per × SE":
+        f, truth, period = np.sin(2 * np.pi * x / 0.9) * np.exp(-((x - 3.0) ** 2) / 4.0) * 2, "Per × SE", 0.9
+    else:  # a change from a smooth level to a periodic pattern at x = 3
+        w = 1 / (1 + np.exp(-8 * (x - 3.0)))
+        f, truth, period = (1 - w) * np.cos(x) + w * np.sin(2 * np.pi * x / 0.8), "CP(SE, Per)", 0.8
+    y = f + noise * rng.normal(size=n)
+    return x, (y - y.mean()) / y.std(), canonical(parse(truth), noise=True), period
+
+
+RECOVERY = dict(depth=3, bases=("SE", "Per", "Lin"), restarts=4, steps=40, progress=False)
+
+
+@pytest.mark.parametrize("noise", [0.05, 0.2])
+@pytest.mark.parametrize("kind", ["Lin + Per", "Per × SE", "CP(SE, Per)"])
+def test_the_search_recovers_a_generating_structure(kind, noise):
+    """The best structure is the generating one or scores within 2 BIC units of it; its periods are within 5 %."""
+    x, y, truth, period = _series(kind, noise)
+    result = search(x, y, changes=kind.startswith("CP"), **RECOVERY)
+    settings_ = result.settings
+    generating = evaluate(truth, x[:, None], y, settings_, search_module._data_stats(x[:, None], y))
+    assert result.best.score <= generating.score + 2.0, (result.best.expression, result.best.score, generating.score)
+    periods = [v for k, v in result.best.hyperparameters.items() if k.endswith("period")]
+    assert all(abs(p - period) / period < 0.05 for p in periods), periods
+    if kind != "CP(SE, Per)":
+        assert periods, f"{result.best.expression} has no periodic part"
+
+
+def test_a_search_fits_each_canonical_structure_once_and_expands_the_best():
+    x, y, _, _ = _series("Lin + Per", 0.1)
+    result = search(x, y, depth=2, bases=("SE", "Lin"), restarts=2, steps=15, changes=False, progress=False)
+    keys = [c.expression for c in result.trace]
+    assert len(keys) == len(set(keys))
+    assert all(canonical(parse(k), noise=True).key() == k for k in keys)
+    first = [c for c in result.trace if c.depth == 1]
+    best_first = min(first, key=lambda c: c.score)
+    children = {e.key() for e in expand(canonical(parse(best_first.expression)), ("SE", "Lin"), 1, changes=False)}
+    second = {c.expression for c in result.trace if c.depth == 2}
+    assert second and second <= children - {c.expression for c in first}
+    assert all(c.parent == best_first.expression for c in result.trace if c.depth == 2)
+    assert {"SE[0]", "Lin[0]"} == {c.expression for c in first}
+    assert result.table()["score"].is_monotonic_increasing
+
+
+def test_batched_restarts_reach_the_restarts_run_one_by_one(precision):
+    """The restarts optimised together (one vmapped program) reach the optimum they reach one by one.
+
+    Each restart's L-BFGS bookkeeping is its own, so only the batched arithmetic's rounding differs;
+    a restart in a flat region can carry that into another local optimum, so the claim is about the
+    search's result, the best restart: equal to 1e-8 in float64. In float32 the Armijo test cannot
+    see changes below the loss's resolution and the line searches stall early, at 2 % of each other."""
+    x, y, truth, _ = _series("Lin + Per", 0.1)
+    X = x[:, None]
+    stats = search_module._data_stats(X, y)
+    dtype = jnp.result_type(float)
+    u0 = search_module._initial_points(truth, stats, 3, 0, dtype)
+    structure = search_module._Structure(truth, "bic-exact")
+    args = (jnp.asarray(X, dtype), jnp.asarray(y, dtype), jnp.asarray(X[:10], dtype), jnp.asarray(1e-4 * stats["y_var"], dtype))
+    _, batched = search_module._optimise(structure, u0, *args, 300)
+    alone = np.array([search_module._optimise(structure, {k: v[r:r + 1] for k, v in u0.items()}, *args, 300)[1][0]
+                      for r in range(3)])
+    batched = np.asarray(batched)
+    assert np.all(np.isfinite(batched)) and np.all(np.isfinite(alone))
+    np.testing.assert_allclose(alone.max(), batched.max(), rtol=1e-8 if precision == "float64" else 2e-2)
+
+
+def _fitted(expression_text: str, x, y) -> SearchResult:
+    expression = canonical(parse(expression_text), noise=True)
+    settings_ = _Settings(restarts=2, steps=20, score="bic-exact", num_inducing=10, seed=0)
+    candidate = evaluate(expression, x[:, None], y, settings_, search_module._data_stats(x[:, None], y))
+    return SearchResult(trace=(candidate,), score="bic-exact", X=x[:, None], y=y, settings=settings_)
+
+
+def test_the_additive_decomposition_sums_to_the_posterior():  # float64 (the suite's default)
+    """Duvenaud 2014, eq. 1.17–1.18: component means sum to the posterior mean; component covariances
+    plus cross-covariances sum to the posterior covariance."""
+    x, y, _, _ = _series("Lin + Per", 0.1, n=40)
+    result = _fitted("Lin + Per × SE + SE", x, y)
+    X_new = np.linspace(-1, 7, 25)[:, None]
+    parts = result.decomposition(X_new, full_cov=True)
+    assert len(parts) == 3
+    kernel = result.kernel()
+    X = jnp.asarray(result.X)
+    A = np.asarray(kernel.K(X)) + result.noise_variance * np.eye(len(x))
+    Ks = [np.asarray(k.K(X, jnp.asarray(X_new))) for k in kernel.kernels]
+    full_mean, full_var = result.predict(X_new)
+    full_cov = np.asarray(kernel.K(jnp.asarray(X_new))) - sum(Ks).T @ np.linalg.solve(A, sum(Ks))
+    np.testing.assert_allclose(sum(p["mean"] for p in parts), full_mean, atol=1e-8)
+    cross = sum(-Ks[i].T @ np.linalg.solve(A, Ks[j]) for i in range(3) for j in range(3) if i != j)
+    np.testing.assert_allclose(sum(p["cov"] for p in parts) + cross, full_cov, atol=1e-8)
+    np.testing.assert_allclose(np.diag(full_cov), full_var, atol=1e-8)
+
+
+def test_a_component_that_is_the_whole_kernel_is_the_posterior():
+    x, y, _, _ = _series("Per × SE", 0.1, n=40)
+    result = _fitted("Per × SE", x, y)
+    X_new = np.linspace(0, 6, 11)
+    (part,) = result.decomposition(X_new)
+    mean, var = result.predict(X_new)
+    np.testing.assert_allclose(part["mean"], mean, atol=1e-10)
+    np.testing.assert_allclose(part["var"], var, atol=1e-10)
+    assert part["description"].startswith("approximately periodic, period ")
+
+
+@pytest.mark.parametrize("change, kwargs, argument", [
+    ("y", {}, "y"), ("constant", {}, "y"), ("one", {}, "X"), ("depth", {"depth": 0}, "depth"),
+    ("bases", {"bases": ("SE", "Fourier")}, "bases"), ("backend", {"backend": "dask"}, "backend"),
+    ("restarts", {"restarts": 0}, "restarts"),
+])
+def test_bad_input_gets_a_typed_error_naming_the_argument(change, kwargs, argument):
+    x, y = np.linspace(0, 1, 10), np.sin(np.linspace(0, 1, 10))
+    if change == "y":
+        y = y.copy()
+        y[3] = np.nan
+    elif change == "constant":
+        y = np.ones(10)
+    elif change == "one":
+        x, y = x[:1], y[:1]
+    with pytest.raises(InvalidArgumentError) as info:
+        search(x, y, progress=False, **kwargs)
+    assert info.value.argument == argument
+
+
+def test_the_best_structure_is_an_ordinary_gpzoo_model(tmp_path):
+    from gpzoo.inference import fit, load, predict, save
+
+    x, y, _, _ = _series("Lin + Per", 0.1, n=40)
+    result = _fitted("Lin + Per", x, y)
+    spec = result.spec(num_inducing=12)
+    res = fit(spec, x[:, None], y, steps=5, seed=0, progress=False)
+    pred = predict(load(save(res, tmp_path / "model")), np.linspace(0, 6, 7)[:, None])
+    assert np.all(np.isfinite(pred.f_mean)) and pred.f_mean.shape == (7, 1)
+    # the spec starts at the search's hyperparameters: its kernel equals the searched one before fitting
+    np.testing.assert_allclose(np.asarray(spec.kernel.K(jnp.asarray(x[:5, None]))),
+                               np.asarray(result.kernel().K(jnp.asarray(x[:5, None]))), rtol=1e-6)
+
+
+def test_the_report_opens_with_the_verdict_and_the_cli_writes_it(tmp_path):
+    from gpzoo.analysis.cli import main
+
+    x, y, _, _ = _series("Lin + Per", 0.1, n=40)
+    np.savetxt(tmp_path / "series.csv", np.column_stack([x, y]), delimiter=",", header="x,y", comments="")
+    out = tmp_path / "out"
+    status = main(["search", "--data-path", str(tmp_path / "series.csv"), "--depth", "1", "--bases", "Lin,Per",
+                   "--restarts", "2", "--steps", "10", "--out", str(out), "--quiet"])
+    assert status == 0
+    summary = json.loads((out / "search.json").read_text())
+    html = (out / "report.html").read_text()
+    first = html.split('<p class="verdict">')[1].split("</p>")[0]
+    best = min(summary["trace"], key=lambda c: c["score"])
+    assert first.startswith(f"{str(canonical(parse(best['expression'])))} fits best")
+    assert {c["expression"] for c in summary["trace"]} == {"Lin[0]", "Per[0]"}
+    assert (out / "figures" / "components.png").stat().st_size > 0
+    # a second run into the same folder is refused without --overwrite
+    assert main(["search", "--data-path", str(tmp_path / "series.csv"), "--depth", "1", "--out", str(out), "--quiet"]) == 2
+
+
+def test_verdict_names_the_winner_and_the_evidence():
+    x, y, _, _ = _series("Lin + Per", 0.1, n=40)
+    a, b = _fitted("Lin + Per", x, y), _fitted("SE", x, y)
+    both = SearchResult(trace=a.trace + b.trace, score="bic-exact", X=a.X, y=a.y, settings=a.settings)
+    text = verdict(both)
+    delta = b.best.score - a.best.score
+    assert text.startswith("Lin + Per fits best") and f"{delta:.1f} lower than the runner-up SE" in text
+    assert delta > 10 and "very strong evidence" in text
+
+
+def test_the_ray_backend_gives_the_sequential_results_bit_for_bit():
+    pytest.importorskip("ray")
+    import ray
+
+    x, y, _, _ = _series("Lin + Per", 0.1, n=40)
+    kwargs = dict(depth=2, bases=("SE", "Lin"), restarts=2, steps=10, changes=False, progress=False)
+    here = search(x, y, **kwargs)
+    try:
+        there = search(x, y, backend="ray", **kwargs)
+    finally:
+        ray.shutdown()
+    assert [c.expression for c in here.trace] == [c.expression for c in there.trace]
+    for a, b in zip(here.trace, there.trace):
+        assert (a.score, a.log_marginal, a.hyperparameters, a.parent) == (b.score, b.log_marginal, b.hyperparameters, b.parent)
