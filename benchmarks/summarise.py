@@ -31,6 +31,7 @@ ORDER = ("reproduce_conv", "reproduce_invariance", "reproduce_tick", "conv_kerne
          "invariance_toy", "gpflow_side_by_side", "pg_natgrad", "robustness_sweep")
 TITLES = {
     "reproduce_conv": "van der Wilk et al. 2017 reproduction: convolutional GPs (`benchmarks/reproduce_conv.py`)",
+    "kernel_search": "Kernel structure search on the statsmodels series, extrapolating the last 20 % (`benchmarks/kernel_search.py`)",
     "reproduce_invariance": "van der Wilk et al. 2018 reproduction: learned invariances (`benchmarks/reproduce_invariance.py`)",
     "report_phase": "Report phase against fitting phase of the default `gpzoo compare` (`benchmarks/report_phase.py`)",
     "compile_once": "Compile once, fit many: repeated fits, a first fit against GPJax, the README's main job (`benchmarks/compile_once.py`)",
@@ -292,6 +293,21 @@ def _gpflow_side_by_side(report: dict) -> list[str]:
                      num(ratio), pct(ours.get("test_error")), pct(ref.get("test_error"))])
     return ["", f"Median seconds per Adam step over {report.get('timed', '?')} timed steps. {provenance(report)}", ""] + \
         table(["config", "steps", "gpzoo s/step", "GPflow s/step", "GPflow / gpzoo", "gpzoo error", "GPflow error"], rows)
+
+
+@formatter("kernel_search")
+def _kernel_search(report: dict) -> list[str]:
+    lines = []
+    for name, r in report.get("experiments", {}).items():
+        lines += ["", f"**{name}** ({r['n_train']} train / {r['n_test']} extrapolated points; depth {r['depth']}, "
+                      f"{r['restarts']} restarts × {r['steps']} L-BFGS iterations; {r['structures_fitted']} structures, "
+                      f"{num(r['wall_s'])} s wall of which {num(r['compile_s'])} s compiling, load {num(r['load_at_start'])} "
+                      f"at the start). {provenance(r)}", ""]
+        rows = [[label if label == "search" else f"fixed {label}", f"`{row['structure']}`", num(row["bic"]), num(row["rmse"]),
+                 num(row["mean_log_predictive_density"])] for label, row in r["rows"].items()]
+        lines += table(["model", "structure", "BIC (train)", "held-out RMSE", "held-out MLPD"], rows)
+        lines += ["", "Components found: " + "; ".join(f"`{c['expression']}`: {c['description']}" for c in r["components"])]
+    return lines
 
 
 @formatter("pg_natgrad")
