@@ -165,11 +165,12 @@ class _Initial:
 
 
 def _periodogram_periods(x: np.ndarray, y: np.ndarray, count: int = 4) -> list[float]:
-    """The periods of the ``count`` highest peaks of the Lomb–Scargle periodogram of y(x)."""
+    """The periods of the ``count`` highest peaks of the Lomb–Scargle periodogram of y(x) less its linear trend."""
     from scipy.signal import find_peaks, lombscargle  # noqa: PLC0415
 
     order = np.argsort(x)
-    x, y = x[order], y[order] - y.mean()
+    x, y = x[order], y[order]
+    y = y - np.polyval(np.polyfit(x, y, 1), x) if np.ptp(x) > 0 else y - y.mean()  # a trend's leakage hides the peaks
     span = x[-1] - x[0]
     gaps = np.diff(x)
     step = np.median(gaps[gaps > 0]) if np.any(gaps > 0) else span
@@ -339,7 +340,8 @@ def _optimise(structure: _Structure, u0: dict, X, y, Z, noise_floor, steps: int,
                 S.append(s)
                 Yh.append(yv)
                 del S[:-memory], Yh[:-memory]
-            converged = abs(f[r] - f_new[r]) <= 1e-10 * max(1.0, abs(f[r])) or np.max(np.abs(g_new[r])) < 1e-7
+            # converged: the log marginal moved by less than a micro-nat, or the gradient vanished
+            converged = abs(f[r] - f_new[r]) * X.shape[0] < 1e-6 or np.max(np.abs(g_new[r])) < 1e-7
             U[r], f[r], g[r] = trial[r], f_new[r], g_new[r]
             if converged:
                 live[r] = False
