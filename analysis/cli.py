@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     search_p = sub.add_parser("search", help="search the kernel grammar (SE, Per, Lin, RQ, +, ×, change points) for a "
                                              "regression data set's structure; write a report")
     search_p.add_argument("--data", default=None, help="a regression dataset (see `gpzoo list`; e.g. co2, sunspots, nile)")
-    search_p.add_argument("--data-path", default=None, metavar="FILE",
+    search_p.add_argument("--data-path", default=None, type=Path, metavar="FILE",
                           help="your own series instead: FILE.npz holding X [N] or [N, D] and y [N] (optional X_test, "
                                "y_test), or FILE.csv whose last column is y and the others the inputs (a header line is "
                                "skipped)")
