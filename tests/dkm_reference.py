@@ -3,9 +3,22 @@ the fitted NumPyro program (:mod:`gpzoo.inference.dkm_family`) with."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from gpzoo.inference import dkm
-from gpzoo.inference.dkm_family import unflatten_network
+from gpzoo.inference.dkm_family import INDUCING_KIND, GramInitialisation, unflatten_network
+from gpzoo.inference.inducing import initialise_inducing, register_initialiser
+
+#: Inducing kind of :func:`dead_layer_2`.
+DEAD_LAYER_2 = "dkm-gram-dead-layer-2"
+
+
+@register_initialiser(DEAD_LAYER_2)
+def dead_layer_2(config, X, num_inducing, key, method):
+    """The NNGP start with layer 2's kernel scale and bias underflowed to 0: its K_ii is the zero matrix."""
+    values = dict(initialise_inducing(INDUCING_KIND, config, X, num_inducing, key, method).values)
+    values["dkm.layer_2.log_scale"] = values["dkm.layer_2.log_bias"] = np.asarray(-1e3, values["q_mu"].dtype)
+    return GramInitialisation(values)
 
 
 def core_params(params, config):

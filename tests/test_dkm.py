@@ -13,6 +13,7 @@ import numpy as np
 import optax
 import pytest
 
+from dkm_reference import DEAD_LAYER_2
 from gpzoo.inference import fit
 from gpzoo.inference.dkm import (
     DKMConfig,
@@ -27,9 +28,7 @@ from gpzoo.inference.dkm import (
     raw_from_chol,
     wishart_skr,
 )
-from gpzoo.inference.dkm_family import INDUCING_KIND, GramInitialisation
 from gpzoo.inference.elbo import FastELBO
-from gpzoo.inference.inducing import initialise_inducing, register_initialiser
 from gpzoo.models.errors import NumericalError
 from gpzoo.models.zoo_dkm import architecture_spec
 from gpzoo.models.kernels.gram import (
@@ -403,20 +402,12 @@ def _dead_layer_2(params):
     return dict(params, layers=tuple(layers))
 
 
-@register_initialiser("dkm-gram-zero-kernel-layer-2")
-def _zero_kernel_layer_2(config, X, num_inducing, key, method):
-    """The NNGP start with layer 2 dead as in :func:`_dead_layer_2` (no jitter in ``fc_config``)."""
-    values = dict(initialise_inducing(INDUCING_KIND, config, X, num_inducing, key, method).values)
-    values["dkm.layer_2.log_scale"] = values["dkm.layer_2.log_bias"] = np.asarray(-1e3, values["q_mu"].dtype)
-    return GramInitialisation(values)
-
-
 def test_failed_cholesky_names_layer_stage_and_step(toy, fc_config):
     X, y = toy
     broken = _dead_layer_2(init_params(jax.random.PRNGKey(0), fc_config, X))
     with pytest.raises(NumericalError, match="layer 2, Cholesky of K_ii"):
         predict(broken, fc_config, X)
-    spec = architecture_spec(fc_config).replace(inducing="dkm-gram-zero-kernel-layer-2")
+    spec = architecture_spec(fc_config).replace(inducing=DEAD_LAYER_2)
     with pytest.raises(NumericalError, match="training step 0") as err:
         fit(spec, X, y, steps=2, seed=2, learning_rate=1e-4, progress=False)
     assert err.value.layer == "layer 2" and err.value.stage == "Cholesky of K_ii"

@@ -13,11 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dkm_reference import core_params, evaluation_objective
+from dkm_reference import DEAD_LAYER_2, core_params, evaluation_objective
 from gpzoo.inference import build_family, dkm, fit
-from gpzoo.inference.dkm_family import INDUCING_KIND, GramInitialisation, unflatten_network
+from gpzoo.inference.dkm_family import unflatten_network
 from gpzoo.inference.elbo import FastELBO
-from gpzoo.inference.inducing import initialise_inducing, register_initialiser
+from gpzoo.inference.inducing import initialise_inducing
 from gpzoo.inference.programs import definition_of
 from gpzoo.models import kernels, zoo
 from gpzoo.models.dkm import DKMConfig
@@ -114,18 +114,10 @@ def test_fit_records_condition_numbers_of_every_gram_layer(fitted_dkm):
     assert dkm.gram_condition_numbers(network) == conditions["start"]
 
 
-@register_initialiser("dkm-gram-dead-layer-2")
-def _dead_layer_2(config, X, num_inducing, key, method):
-    """The NNGP start with layer 2's kernel scale and bias underflowed to 0: its K_ii is the zero matrix."""
-    values = dict(initialise_inducing(INDUCING_KIND, config, X, num_inducing, key, method).values)
-    values["dkm.layer_2.log_scale"] = values["dkm.layer_2.log_bias"] = np.asarray(-1e3, values["q_mu"].dtype)
-    return GramInitialisation(values)
-
-
 def test_failed_cholesky_in_a_fit_names_layer_stage_and_step(fitted_dkm, float32):
     spec, X, y, _ = fitted_dkm
     with pytest.raises(NumericalError, match="layer 2, Cholesky of K_ii, training step 0") as err:
-        fit(spec.replace(inducing="dkm-gram-dead-layer-2"), X, y, steps=4, seed=0, progress=False)
+        fit(spec.replace(inducing=DEAD_LAYER_2), X, y, steps=4, seed=0, progress=False)
     assert err.value.layer == "layer 2" and err.value.step == 0
 
 
