@@ -401,9 +401,14 @@ def evaluate(expression: Expression, X, y, settings: _Settings, stats: dict, dep
 
 
 # ----------------------------------------------------------------------------- backends
-def _evaluate_all(expressions, X, y, settings, stats, depth, parents, backend: str):
+def _evaluate_all(expressions, X, y, settings, stats, depth, parents, backend: str, done=lambda candidates: None):
+    """Fit ``expressions`` (one depth's candidates); ``done(candidates)`` is called as results arrive."""
     if backend == "sequential":
-        return [evaluate(e, X, y, settings, stats, depth, p) for e, p in zip(expressions, parents)]
+        out = []
+        for e, p in zip(expressions, parents):
+            out.append(evaluate(e, X, y, settings, stats, depth, p))
+            done(out[-1:])
+        return out
     import ray  # noqa: PLC0415
 
     if not ray.is_initialized():
@@ -421,9 +426,10 @@ def _evaluate_all(expressions, X, y, settings, stats, depth, parents, backend: s
     futures = [remote.remote([expressions[i].key() for i in c], X_ref, y_ref, settings, stats, depth,
                              [parents[i] for i in c]) for c in chunks if c]
     out = [None] * len(expressions)
-    for chunk, done in zip([c for c in chunks if c], ray.get(futures)):
-        for i, candidate in zip(chunk, done):
+    for chunk, results in zip([c for c in chunks if c], ray.get(futures)):
+        for i, candidate in zip(chunk, results):
             out[i] = candidate
+        done(results)
     return out
 
 
@@ -483,39 +489,42 @@ def search(X, y, *, depth: int = 3, bases: Sequence[str] = DEFAULT_BASES, beam: 
     stats = _data_stats(X, y)
     fitted: dict[Expression, Candidate] = {}
     frontier = [(canonical(b, noise=True), None) for b in _bases(bases, X.shape[1])]
-    bar = _progress(progress, depth)
+    best_so_far: list[Candidate] = []
     for level in range(1, depth + 1):
         todo = [(e, p) for e, p in dict(frontier).items() if e not in fitted]
         if not todo:
             break
+        bar = _progress(progress, len(todo), f"depth {level}/{depth}")
+
+        def report(candidates, bar=bar):
+            best_so_far[:] = [min(best_so_far + list(candidates), key=lambda c: c.score)]
+            if bar is not None:
+                bar.set_postfix_str(f"best {best_so_far[0].expression} (BIC {best_so_far[0].score:.1f})")
+                bar.update(len(candidates))
+
+        done = _evaluate_all([e for e, _ in todo], X, y, settings, stats, level, [p for _, p in todo], backend, report)
         if bar is not None:
-            bar.set_description(f"depth {level}/{depth}: {len(todo)} structures")
-        done = _evaluate_all([e for e, _ in todo], X, y, settings, stats, level, [p for _, p in todo], backend)
+            bar.close()
         for (expression, _), candidate in zip(todo, done):
             fitted[expression] = candidate
         best_level = sorted(zip(done, [e for e, _ in todo]), key=lambda pair: pair[0].score)[:beam]
-        if bar is not None:
-            best = min(fitted.values(), key=lambda c: c.score)
-            bar.set_postfix_str(f"best {best.expression} (BIC {best.score:.1f})")
-            bar.update(1)
         if level < depth:
             frontier = []
             for candidate, expression in best_level:
                 if math.isfinite(candidate.score):
                     frontier.extend((child, candidate.expression)
                                     for child in expand(expression, bases, X.shape[1], changes))
-    if bar is not None:
-        bar.close()
     trace = sorted(fitted.values(), key=lambda c: (c.depth, c.score))
     return SearchResult(trace=tuple(trace), score=score, X=X, y=y, settings=settings)
 
 
-def _progress(show: bool, total: int):
+def _progress(show: bool, total: int, description: str):
+    """A progress bar over one depth's candidates (structures fitted / total, best so far), or None."""
     if not show:
         return None
     from tqdm.auto import tqdm  # noqa: PLC0415
 
-    return tqdm(total=total, unit="depth", leave=False)
+    return tqdm(total=total, desc=description, unit="structure", leave=False)
 
 
 # ----------------------------------------------------------------------------- results

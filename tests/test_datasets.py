@@ -35,12 +35,25 @@ def test_registry_lists_every_dataset_with_one_line_descriptions():
     expected = {
         "rectangles", "mnist-01", "mnist-odd-even", "mnist-10", "mnist-rotated", "digits-8x8",
         "colour-patches", "co2", "symmetric-toy", "two-moons", "banana", "local-idx", "local-numpy",
+        "sunspots", "nile", "elnino",
     }  # fmt: skip
     assert set(datasets.names()) == expected
     assert datasets.names() == sorted(expected)
     described = datasets.describe()
     assert list(described) == datasets.names()
     assert all(text and "\n" not in text for text in described.values())
+
+
+@pytest.mark.parametrize("name, first_year, count", [("sunspots", 1700.0, 309), ("nile", 1871.0, 100), ("elnino", 1950.0, 732)])
+def test_time_series_split_in_time_and_standardise_on_the_training_part(name, first_year, count):
+    raw = datasets.load(name, seed=0, standardise=False)
+    assert raw.task == "regression" and len(raw.y_train) + len(raw.y_test) == count
+    assert raw.X_train[0, 0] == first_year and raw.X_train.max() < raw.X_test.min()  # extrapolation
+    scaled = datasets.load(name, seed=0)
+    np.testing.assert_allclose([scaled.y_train.mean(), scaled.y_train.std()], [0.0, 1.0], atol=1e-12)
+    np.testing.assert_allclose(scaled.X_test[:, 0], (raw.X_test[:, 0] - first_year) / 10.0)
+    sd = raw.y_train.std()
+    np.testing.assert_allclose(scaled.y_test * sd + raw.y_train.mean(), raw.y_test, rtol=1e-12)
 
 
 def test_unknown_name_is_a_key_error_listing_valid_names():

@@ -286,3 +286,11 @@ def test_the_ray_backend_gives_the_sequential_results_bit_for_bit():
     assert [c.expression for c in here.trace] == [c.expression for c in there.trace]
     for a, b in zip(here.trace, there.trace):
         assert (a.score, a.log_marginal, a.hyperparameters, a.parent) == (b.score, b.log_marginal, b.hyperparameters, b.parent)
+
+
+def test_progress_counts_the_structures_of_each_depth_and_names_the_best_so_far(capsys):
+    x, y, _, _ = _series("Lin + Per", 0.1, n=40)
+    result = search(x, y, depth=1, bases=("SE", "Lin"), restarts=1, steps=3, progress=True)
+    err = capsys.readouterr().err
+    assert "depth 1/1" in err and "2/2" in err
+    assert f"best {result.best.expression}" in err
