@@ -772,12 +772,13 @@ def _figures(result: SearchResult, folder, X_test=None, y_test=None) -> dict[str
 
 
 def heldout_metrics(result: SearchResult, X_test, y_test) -> dict:
-    """RMSE and mean log predictive density of y at held-out points under the best structure."""
+    """RMSE and mean log predictive density of y at held-out points under the best structure
+    (:func:`gpzoo.analysis.calibration.regression_metrics` of the Gaussian predictive)."""
+    from gpzoo.analysis.calibration import regression_metrics  # noqa: PLC0415
+
     mean, var = result.predict(X_test)
-    y_test = as_float_array(y_test, "y_test")
-    total = var + result.noise_variance
-    lpd = -0.5 * (np.log(2 * np.pi * total) + (y_test - mean) ** 2 / total)
-    return {"rmse": float(np.sqrt(np.mean((y_test - mean) ** 2))), "mean_log_predictive_density": float(lpd.mean())}
+    scores = regression_metrics(as_float_array(y_test, "y_test"), mean, var + result.noise_variance)
+    return {"rmse": scores["rmse"], "mean_log_predictive_density": -scores["nll"]}
 
 
 def write_report(result: SearchResult, out_dir, *, X_test=None, y_test=None, title: str = "Kernel structure search"):
