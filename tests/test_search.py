@@ -294,3 +294,27 @@ def test_progress_counts_the_structures_of_each_depth_and_names_the_best_so_far(
     err = capsys.readouterr().err
     assert "depth 1/1" in err and "2/2" in err
     assert f"best {result.best.expression}" in err
+
+
+def test_a_float32_search_finds_the_period(float32):
+    """The library's default precision: the search runs in float32 and finds Lin + Per's period."""
+    x, y, _, period = _series("Lin + Per", 0.05)
+    result = search(x, y, depth=2, bases=("Per", "Lin"), restarts=3, steps=40, changes=False, progress=False)
+    assert all(np.isfinite(c.score) for c in result.trace)
+    periods = [v for k, v in result.best.hyperparameters.items() if k.endswith("period")]
+    assert periods and all(abs(p - period) / period < 0.05 for p in periods), (result.best.expression, periods)
+
+
+def test_a_second_search_of_the_same_shapes_compiles_nothing():
+    """Programs are keyed by structure and shapes: another series of the same length, another seed
+    and other restarts' starting points reuse every compiled program."""
+    from gpzoo.inference.programs import CompileCounter
+
+    kwargs = dict(depth=2, bases=("SE", "Lin"), restarts=2, steps=10, changes=False, progress=False)
+    x, y, _, _ = _series("Lin + Per", 0.1, n=40)
+    first = search(x, y, **kwargs)
+    x2, y2, _, _ = _series("Lin + Per", 0.2, n=40, seed=5)
+    with CompileCounter() as counter:
+        second = search(x2, y2, seed=3, **kwargs)
+    assert {c.expression for c in first.trace} >= {c.expression for c in second.trace}
+    assert counter.count == 0, f"the second search compiled {counter.count} programs"
