@@ -12,10 +12,11 @@ change operators of Lloyd, Duvenaud, Grosse, Tenenbaum, Ghahramani 2014, §3):
 3. the search returns the best structure of all depths.
 
 Each candidate's hyperparameters (and the Gaussian noise variance) are optimised from ``restarts``
-initial points by L-BFGS; the restarts run batched (``vmap``) in one compiled program per
-structure, which JAX compiles once and then reuses. Initial points come from the data (Duvenaud
-et al. 2013, §4; Lloyd et al. 2014, §4): lengthscales around the input's spread, periods at the
-peaks of the Lomb–Scargle periodogram of y, variances from y's variance, change locations inside
+initial points by L-BFGS: the restarts' losses and gradients are evaluated together (``vmap``)
+in compiled programs keyed by the structure and the data's shapes (compiled once, then reused by
+every later search), and each restart's L-BFGS bookkeeping runs on the host. Initial points come
+from the data (Duvenaud et al. 2013, §4; Lloyd et al. 2014, §4): lengthscales around the input's
+spread, periods at the peaks of the Lomb–Scargle periodogram of y less its linear trend, variances from y's variance, change locations inside
 the input range; the first restart is the typical value, the others are random around it. A
 candidate is scored by the Bayesian information criterion BIC = −2 log p(y | θ̂) + p log N
 (Duvenaud et al. 2013, §4; p counts the free hyperparameters and the noise variance; lower is
