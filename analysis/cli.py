@@ -8,7 +8,7 @@
                   --option conv.patch_shape=5x5 --option svgp-rbf.ard=true
     gpzoo report  reports/rectangles        # rebuild every file from the saved DataTrees
     gpzoo predict --model reports/rectangles/models/conv --data rectangles --out conv.csv   # or .nc
-    gpzoo predict --model reports/rectangles/models/conv --data my_inputs.npy --out conv.csv
+    gpzoo predict --model reports/rectangles/models/conv --input my_inputs.csv --out conv.csv   # or .npy, .npz
 
 Thin by design: it loads a dataset, builds specs from the zoo with the dataset's facts and the
 ``--option MODEL.KEY=VALUE`` values (parsed to the types the model's builder declares, see
@@ -190,11 +190,14 @@ def build_parser() -> argparse.ArgumentParser:
                                             "write CSV or netCDF")
     pred_p.add_argument("--model", required=True, type=Path,
                         help="a saved model: OUT/models/NAME written by `gpzoo fit`/`compare`, or any gpzoo.save directory")
-    pred_p.add_argument("--data", required=True,
-                        help="dataset name (see `gpzoo list`), or a file of your own inputs: X.npy holding [N, D] "
-                             "(images also [N, H, W(, C)]), or X.npz holding them as X, with optional targets y, or "
-                             "as its only array (read without pickle); the inputs must match the model's. Without "
-                             "targets the output has no target column")
+    pred_p.add_argument("--input", default=None, metavar="FILE",
+                        help="a file of your own inputs: X.npy holding [N, D] (images also [N, H, W(, C)]), X.npz "
+                             "holding them as X with optional targets y (or as its only array; read without pickle), "
+                             "or X.csv with a row per input (optional header; targets in a column named y, or as one "
+                             "extra last column); the inputs must match the model's. Without targets the output has "
+                             "no target column")
+    pred_p.add_argument("--data", default=None,
+                        help="instead of --input: a dataset name (see `gpzoo list`), whose --split is predicted")
     pred_p.add_argument("--data-path", dest="data_paths", action="append", default=[], metavar="[KEY=]PATH",
                         help="file(s) of a local data set, as for `gpzoo compare`")
     pred_p.add_argument("--split", choices=("test", "train"), default=None, help="which split of a dataset to predict (default test)")
@@ -240,6 +243,9 @@ def _read_series(path: Path):
     """``(X, y, X_test, y_test)`` from a user's .npz or .csv (read without pickle; size bounded)."""
     import numpy as np  # noqa: PLC0415
 
+    from gpzoo.analysis.datasets import read_csv_table  # noqa: PLC0415
+    from gpzoo.models.errors import InvalidArgumentError  # noqa: PLC0415
+
     if not path.is_file():
         raise UsageError(f"--data-path: no such file {str(path)!r}")
     if path.stat().st_size > MAX_SERIES_BYTES:
@@ -253,16 +259,12 @@ def _read_series(path: Path):
                 arrays = {k: np.asarray(archive[k], dtype=np.float64) for k in ("X", "y", "X_test", "y_test") if k in archive.files}
             return arrays["X"], arrays["y"], arrays.get("X_test"), arrays.get("y_test")
         if suffix == ".csv":
-            text = path.read_text(encoding="utf-8", errors="strict").splitlines()
-            rows = [line for line in text if line.strip()]
-            try:
-                float(rows[0].split(",")[0])
-            except (ValueError, IndexError):
-                rows = rows[1:]
-            table = np.array([[float(v) for v in line.split(",")] for line in rows], dtype=np.float64)
-            if table.ndim != 2 or table.shape[1] < 2:
+            _, table = read_csv_table(path, argument="--data-path")
+            if table.shape[1] < 2:
                 raise UsageError(f"--data-path: {str(path)!r} needs at least two columns (inputs, then y)")
             return table[:, :-1], table[:, -1], None, None
+    except InvalidArgumentError as exc:
+        raise UsageError(str(exc)) from None
     except (ValueError, OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"--data-path: cannot read {str(path)!r}: {exc}") from exc
     raise UsageError(f"--data-path: {str(path)!r}: expected a .npz or .csv file")
@@ -603,7 +605,11 @@ def _cmd_predict(args, out) -> int:
     suffix = args.out.suffix.lower()
     if suffix not in PREDICTION_FORMATS:
         raise UsageError(f"--out {str(args.out)!r}: the suffix picks the format, one of {', '.join(PREDICTION_FORMATS)}")
-    if Path(args.data).suffix.lower() in INPUT_SUFFIXES:
+    if (args.data is None) == (args.input is None):
+        raise UsageError("give exactly one of --input FILE (your own inputs) and --data NAME (a dataset's split)")
+    if args.input is None and Path(args.data).suffix.lower() in INPUT_SUFFIXES:
+        args.input, args.data = args.data, None  # a file given as --data, as earlier versions took it
+    if args.input is not None:
         return _predict_inputs(args, out)
     split = args.split or "test"
     paths = _data_paths(args.data, args.data_paths)  # the data set's name and files are checked before the model loads
@@ -623,14 +629,14 @@ def _cmd_predict(args, out) -> int:
     return 0
 
 
-#: Suffixes of a ``--data`` file of the user's own inputs (gpzoo.analysis.datasets.INPUT_SUFFIXES).
-INPUT_SUFFIXES = (".npy", ".npz")
+#: Suffixes of an ``--input`` file of the user's own inputs (gpzoo.analysis.datasets.INPUT_SUFFIXES).
+INPUT_SUFFIXES = (".npy", ".npz", ".csv")
 
 
 def _predict_inputs(args, out) -> int:
-    """``gpzoo predict --data FILE.npy|FILE.npz``: predictions at the user's own inputs, which are
-    read without pickle and checked against the model's (datasets.read_inputs); the targets are
-    written where the file has them."""
+    """``gpzoo predict --input FILE.npy|FILE.npz|FILE.csv``: predictions at the user's own inputs,
+    which are read without pickle and checked against the model's (datasets.read_inputs); the
+    targets are written where the file has them."""
     import numpy as np  # noqa: PLC0415
 
     from gpzoo.analysis.datasets import read_inputs  # noqa: PLC0415
@@ -641,19 +647,22 @@ def _predict_inputs(args, out) -> int:
     for flag, value in (("--data-path", args.data_paths), ("--split", args.split), ("--num-points", args.num_points),
                         ("--seed", args.seed)):
         if value not in (None, []):
-            raise UsageError(f"{flag} applies to a dataset, not to a file of inputs (--data {args.data!r})")
-    if not Path(args.data).is_file():
-        raise UsageError(f"--data {args.data!r}: no such file (a file of inputs: .npy, or .npz with X and optional y)")
+            raise UsageError(f"{flag} applies to a dataset, not to a file of inputs (--input {args.input!r})")
+    if Path(args.input).suffix.lower() not in INPUT_SUFFIXES:
+        raise UsageError(f"--input {args.input!r}: expected a {', '.join(INPUT_SUFFIXES)} file of inputs")
+    if not Path(args.input).is_file():
+        raise UsageError(f"--input {args.input!r}: no such file (a file of inputs: .npy, .npz with X and optional y, "
+                         "or .csv)")
     res = load(args.model)
     try:
-        X, y = read_inputs(args.data, res.X_train.shape[1], res.spec.image_shape, argument="--data")
+        X, y = read_inputs(args.input, res.X_train.shape[1], res.spec.image_shape, argument="--input")
     except InvalidArgumentError as exc:
         raise UsageError(str(exc)) from None
     table = _prediction_dataset(predict(res, X), np.arange(X.shape[0]), y, attrs={
-        "model": res.spec.name, "model_path": str(args.model), "inputs": args.data})
+        "model": res.spec.name, "model_path": str(args.model), "inputs": args.input})
     _write_predictions(table, args.out)
     note = "" if y is not None else " (the file has no targets y: no target column)"
-    print(f"predictions of {res.spec.name} for {X.shape[0]} input(s) in {args.data}{note}: {args.out}", file=out)
+    print(f"predictions of {res.spec.name} for {X.shape[0]} input(s) in {args.input}{note}: {args.out}", file=out)
     return 0
 
 

