@@ -47,7 +47,9 @@ __all__ = [
     "compare_heldout",
     "heldout_pointwise",
     "paired_heldout_difference",
+    "Margin",
     "Reversal",
+    "best_margin",
     "heldout_reversals",
     "ranking_reversals",
     "seed_reversals",
@@ -108,8 +110,9 @@ def elbo_entry(est, num_data: int) -> dict:
 def elbo_table(estimates: Mapping[str, Mapping]) -> pd.DataFrame:
     """Ranked ELBO table (best first) from :func:`elbo_estimates`-style entries.
 
-    ``d_elbo`` is the best ELBO minus each model's (≥ 0) and ``d_elbo_se`` its MC standard error
-    (independent draws per model: √(se_best² + se²)).
+    ``d_elbo`` is each model's ELBO minus the best one's (≤ 0, 0 for the best: the sign of
+    ``az.compare``'s ``elpd_diff``) and ``d_elbo_se`` its MC standard error (independent draws per
+    model: √(se_best² + se²)).
     """
     if not estimates:
         raise InvalidArgumentError("estimates", "needs at least one model")
@@ -118,7 +121,7 @@ def elbo_table(estimates: Mapping[str, Mapping]) -> pd.DataFrame:
     df = df.sort_values("elbo", ascending=False, kind="stable")
     best = df.iloc[0]
     df.insert(0, "rank", np.arange(len(df)))
-    df["d_elbo"] = best["elbo"] - df["elbo"]
+    df["d_elbo"] = df["elbo"] - best["elbo"]
     df["d_elbo_se"] = np.sqrt(best["elbo_se"] ** 2 + df["elbo_se"] ** 2)
     df.loc[df.index[0], "d_elbo_se"] = 0.0
     df["elbo_per_datum"] = df["elbo"] / df["num_data"]
@@ -131,7 +134,7 @@ def compare_elbo(results: Mapping[str, FitResult], X=None, y=None, *, num_sample
                  seed: int = 0) -> pd.DataFrame:
     """Rank fitted models by full-data ELBO (best first) with MC standard errors.
 
-    Columns: ``rank``, ``elbo``, ``elbo_se``, ``d_elbo`` (to the best), ``d_elbo_se``,
+    Columns: ``rank``, ``elbo``, ``elbo_se``, ``d_elbo`` (model − best, ≤ 0), ``d_elbo_se``,
     ``elbo_per_datum``, ``expected_log_lik``, ``kl``, ``num_data``, ``num_samples``.
     """
     return elbo_table(elbo_estimates(results, X, y, num_samples=num_samples, seed=seed))
@@ -189,9 +192,11 @@ def heldout_elpd(dt: xr.DataTree, var_name: str = "y") -> tuple[float, float]:
 def compare_heldout(datatrees: Mapping[str, xr.DataTree]) -> pd.DataFrame:
     """Rank models by held-out elpd on the same test points, best first, in ``az.compare``'s columns.
 
-    ``elpd`` ± ``se`` per model; ``elpd_diff`` = elpd_best − elpd_model and ``dse`` its *paired*
-    standard error √T·sd(elpd_best,n − elpd_model,n) over test points n — the points are shared, so
-    the difference is far more precise than √(se_a² + se_b²). ``az.plot_compare`` draws the table.
+    ``elpd`` ± ``se`` per model; ``elpd_diff`` = elpd_model − elpd_best (≤ 0, 0 for the best: the
+    sign ``az.compare`` gives it) and ``dse`` its *paired* standard error
+    √T·sd(elpd_model,n − elpd_best,n) over test points n — the points are shared, so the difference
+    is far more precise than √(se_a² + se_b²). ``az.plot_compare`` draws the table with the best
+    model on top, at the right ("higher is better").
     """
     datatrees = _check_mapping(datatrees, "datatrees", xr.DataTree)
     pointwise = {name: heldout_pointwise(dt) for name, dt in datatrees.items()}
@@ -201,7 +206,7 @@ def compare_heldout(datatrees: Mapping[str, xr.DataTree]) -> pd.DataFrame:
     order = sorted(pointwise, key=lambda name: -pointwise[name].sum())
     best = pointwise[order[0]]
     rows = {name: {"rank": rank, "elpd": float(pointwise[name].sum()), "se": _sum_se(pointwise[name]),
-                   "elpd_diff": float(best.sum() - pointwise[name].sum()), "dse": _sum_se(best - pointwise[name])}
+                   "elpd_diff": float(pointwise[name].sum() - best.sum()), "dse": _sum_se(pointwise[name] - best)}
             for rank, name in enumerate(order)}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "model"
@@ -413,3 +418,96 @@ def seed_reversals(summary: pd.DataFrame, datatrees: Mapping[str, xr.DataTree], 
         return float(d.mean()), math.hypot(se_points, se_seeds)
 
     return ranking_reversals(elbo, heldout, difference, "held-out elpd (mean over seeds)")
+
+
+# ----------------------------------------------------------------------------- the best model's margin
+@dataclasses.dataclass(frozen=True)
+class Margin:
+    """How far the best model by held-out elpd is ahead of the next one, and how sure that is.
+
+    ``d_elpd`` = elpd_test(``best``) − elpd_test(``runner_up``) (≥ 0), the mean over the seeds both were
+    fitted with of the difference taken seed by seed on the shared test points; ``d_elpd_se`` its
+    test-point error, √(Σ_s se_s²)/n with se_s the paired standard error of seed s. ``seed_sd`` is the
+    standard deviation of the per-seed differences over the ``num_seeds`` seeds (NaN for one seed) and
+    ``wins`` the number of seeds at which ``best`` is ahead. ``d_elbo`` = ELBO(``best``) − ELBO(``runner_up``)
+    (mean over the same seeds; negative when the ELBO prefers the runner-up) ± its Monte Carlo error
+    ``d_elbo_se``, and ``elbo_seed_sd`` the standard deviation over seeds of the per-seed ELBO differences.
+    ``best_elpd``/``best_elpd_se``: the best model's held-out elpd (mean over its seeds).
+    ``runner_up`` is None (and the differences NaN) when there is a single model.
+    """
+
+    best: str
+    runner_up: str | None
+    d_elpd: float
+    d_elpd_se: float
+    d_elbo: float
+    d_elbo_se: float
+    num_seeds: int = 1
+    seed_sd: float = math.nan
+    wins: int = 1
+    best_elpd: float = math.nan
+    best_elpd_se: float = math.nan
+    elbo_seed_sd: float = math.nan
+
+    @property
+    def beyond_test_error(self) -> bool:
+        """Whether ``d_elpd`` exceeds :data:`SIGNIFICANT_SE` test-point (paired) standard errors."""
+        return bool(self.d_elpd > SIGNIFICANT_SE * self.d_elpd_se)
+
+    @property
+    def seed_se(self) -> float:
+        """Standard error of the mean difference from the spread over seeds, seed_sd/√n (NaN for one seed)."""
+        return self.seed_sd / math.sqrt(self.num_seeds) if self.num_seeds > 1 else math.nan
+
+    @property
+    def beyond_seed_spread(self) -> bool | None:
+        """Whether ``d_elpd`` exceeds :data:`SIGNIFICANT_SE` standard errors of the spread over seeds
+        (:attr:`seed_se`); None with one seed (the spread is unknown)."""
+        if self.num_seeds < 2 or not math.isfinite(self.seed_sd):
+            return None
+        return bool(self.d_elpd > SIGNIFICANT_SE * self.seed_se)
+
+
+def best_margin(elbo: Mapping[str, Mapping], datatrees: Mapping[str, xr.DataTree],
+                groups: Mapping[str, str] | None = None, seeds: Mapping[str, int] | None = None) -> Margin:
+    """:class:`Margin` of the best model by held-out elpd over the next one.
+
+    ``elbo``: ``{run: {"elbo": ..., "elbo_se": ...}}`` (:func:`elbo_estimates` entries); ``datatrees``:
+    ``{run: DataTree}`` with ``predictions_log_likelihood``. ``groups`` (``{run: model}``) and ``seeds``
+    (``{run: seed}``) describe runs of one model with several seeds; without them every run is its own
+    model fitted once. Models are ranked by their mean held-out elpd over seeds.
+    """
+    datatrees = _check_mapping(datatrees, "datatrees", xr.DataTree)
+    groups = dict(groups) if groups is not None else {run: run for run in datatrees}
+    seeds = dict(seeds) if seeds is not None else {run: 0 for run in datatrees}
+    missing = [run for run in datatrees if run not in groups or run not in seeds or run not in elbo]
+    if missing:
+        raise InvalidArgumentError("groups", f"runs {missing} lack a model, a seed or an ELBO")
+    heldout = {run: heldout_elpd(dt) for run, dt in datatrees.items()}
+    runs: dict[str, dict[int, str]] = {}
+    for run in datatrees:
+        runs.setdefault(groups[run], {})[seeds[run]] = run
+    mean_elpd = {model: float(np.mean([heldout[r][0] for r in by_seed.values()])) for model, by_seed in runs.items()}
+    order = sorted(mean_elpd, key=lambda model: -mean_elpd[model])
+    best = order[0]
+    best_runs = list(runs[best].values())
+    best_se = math.sqrt(sum(heldout[r][1] ** 2 for r in best_runs)) / len(best_runs)
+    if len(order) == 1:
+        return Margin(best, None, math.nan, math.nan, math.nan, math.nan, num_seeds=len(best_runs), wins=len(best_runs),
+                      best_elpd=mean_elpd[best], best_elpd_se=best_se)
+    other = order[1]
+    shared = sorted(set(runs[best]) & set(runs[other]))
+    if shared:
+        pairs = [(runs[best][s], runs[other][s]) for s in shared]
+    else:  # no common seed: pair the runs in seed order (their test points are still shared)
+        pairs = list(zip(sorted(runs[best].values()), sorted(runs[other].values())))
+    diffs = [paired_heldout_difference(datatrees, a, b) for a, b in pairs]
+    d = np.array([p[0] for p in diffs])
+    e = np.array([float(elbo[a]["elbo"]) - float(elbo[b]["elbo"]) for a, b in pairs])
+    n = len(pairs)
+    return Margin(
+        best, other, d_elpd=float(d.mean()), d_elpd_se=math.sqrt(sum(p[1] ** 2 for p in diffs)) / n,
+        d_elbo=float(e.mean()),
+        d_elbo_se=math.sqrt(sum(float(elbo[a]["elbo_se"]) ** 2 + float(elbo[b]["elbo_se"]) ** 2 for a, b in pairs)) / n,
+        num_seeds=n, seed_sd=float(d.std(ddof=1)) if n > 1 else math.nan, wins=int(np.sum(d > 0)),
+        best_elpd=mean_elpd[best], best_elpd_se=best_se, elbo_seed_sd=float(e.std(ddof=1)) if n > 1 else math.nan)

@@ -245,6 +245,7 @@ def fit_facts(res: FitResult) -> dict:
             "learning_rate": float(history[0]) if history.size else math.nan, "step_size_name": res.step_size,
             "seconds": float(res.diagnostics.get("seconds", math.nan)),
             "final_minibatch_elbo": res.final_objective,
+            "converged": getattr(res, "converged", None),
             "num_inducing": res.spec.num_inducing,
             "jitter_events": res.diagnostics.get("jitter_events", []),
             **({"gram_condition": res.diagnostics["gram_condition"]} if "gram_condition" in res.diagnostics else {})}
@@ -399,7 +400,7 @@ def _rebuild(out: Path, trees: Mapping[str, xr.DataTree] | None = None, loos: Ma
     """:func:`rebuild_report`; ``trees`` are the DataTrees just written to ``out/models`` (not read back),
     ``loos`` their PSIS-LOO results (``compare.loo_approximate``) where already computed."""
     from gpzoo.analysis.compare import (  # noqa: PLC0415
-        compare_heldout, compare_loo, elbo_table, heldout_reversals, seed_reversals, seed_summary)
+        best_margin, compare_heldout, compare_loo, elbo_table, heldout_reversals, seed_reversals, seed_summary)
 
     info, trees, metrics = load_report(out, trees=trees)
     _prepare_dir(out)
@@ -411,11 +412,16 @@ def _rebuild(out: Path, trees: Mapping[str, xr.DataTree] | None = None, loos: Ma
     table.to_csv(out / "comparison.csv", float_format="%.10g")
     seeds, reversals = None, heldout_reversals(elbo, trees)
     groups = info.get("groups")
+    run_seeds = {name: int(m["fit"].get("seed") or 0) for name, m in metrics.items()}
     if isinstance(groups, dict) and set(groups) == set(trees) and len(set(groups.values())) < len(groups):
         seeds = seed_summary(table, groups)
         seeds.to_csv(out / "seeds.csv", float_format="%.10g")
-        reversals = seed_reversals(seeds, trees, groups, {name: int(m["fit"].get("seed", 0)) for name, m in metrics.items()})
-    page = Page(info=info, table=table, reversals=reversals, seeds=seeds,
+        reversals = seed_reversals(seeds, trees, groups, run_seeds)
+        margin = best_margin({name: m["elbo"] for name, m in metrics.items()}, trees, groups, run_seeds)
+    else:
+        margin = best_margin({name: m["elbo"] for name, m in metrics.items()}, trees)
+    converged = {name: m["fit"].get("converged") for name, m in metrics.items()}
+    page = Page(info=info, table=table, reversals=reversals, seeds=seeds, margin=margin, converged=converged,
                 loo=_loo_diagnostic(loo, elbo, {name: int(dt.attrs.get("num_train", 0)) for name, dt in trees.items()}),
                 figures=_write_figures(out, info, trees, loo, heldout), parameters=_parameter_tables(metrics),
                 hyperparameters=hyperparameter_table(metrics), metrics=metrics)
@@ -565,6 +571,8 @@ class Page:
     hyperparameters: pd.DataFrame
     metrics: Mapping[str, Mapping]
     seeds: pd.DataFrame | None = None
+    margin: object = None
+    converged: Mapping[str, bool | None] = dataclasses.field(default_factory=dict)
 
     @property
     def title(self) -> str:
@@ -637,12 +645,63 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def verdict(reversals) -> tuple[str, list[str], str]:
-    """(headline, one sentence per reversal, kind ``agree``/``noise``/``disagree``) of the ELBO-vs-held-out check."""
+#: How a reader measures the seed spread when a report has one seed per model.
+SEEDS_HINT = "fit with --seeds 0,1,2 (or seeds=[0, 1, 2] in gpzoo.compare) to measure it"
+
+
+def _convergence_clause(converged: Mapping[str, bool | None]) -> str:
+    """Which runs did not converge (``False``) and which are unknown (``None``: not recorded)."""
+    failed = [name for name, c in converged.items() if c is False]
+    unknown = [name for name, c in converged.items() if c is None]
+    if not converged or len(unknown) == len(converged):
+        return "convergence was not recorded"
+    parts = []
+    if failed:
+        parts.append("not converged: " + ", ".join(failed))
+    if unknown:
+        parts.append("convergence unknown for " + ", ".join(unknown))
+    return "; ".join(parts) if parts else "every model converged"
+
+
+def _margin_sentence(margin, converged: Mapping[str, bool | None]) -> str:
+    """The verdict's first sentence: the best model, its margin over the next and how sure that is."""
+    one_seed = margin.num_seeds < 2
+    seeds = f"the seed spread is unknown (one seed; {SEEDS_HINT})" if one_seed else ""
+    if margin.runner_up is None:
+        head = (f"{margin.best} is the only model (held-out elpd {_fmt(margin.best_elpd)} ± "
+                f"{_fmt(margin.best_elpd_se)})")
+        return "; ".join(part for part in (head, seeds, _convergence_clause(converged)) if part) + "."
+    lead = (f"Best: {margin.best}, ahead of {margin.runner_up} by held-out Δelpd {_fmt(margin.d_elpd)} ± "
+            f"{_fmt(margin.d_elpd_se)} (paired s.e.)")
+    if one_seed:
+        lead += f" and ΔELBO {_fmt(margin.d_elbo)} ± {_fmt(margin.d_elbo_se)}"
+    else:
+        lead += (f", mean of {margin.num_seeds} seeds (s.d. {_fmt(margin.seed_sd)} over seeds, ahead at {margin.wins} of "
+                 f"{margin.num_seeds}), and ΔELBO {_fmt(margin.d_elbo)} ± {_fmt(margin.d_elbo_se)} (s.d. "
+                 f"{_fmt(margin.elbo_seed_sd)} over seeds)")
+    if margin.d_elbo < 0:
+        lead += f" (the ELBO prefers {margin.runner_up})"
+    test, spread = margin.beyond_test_error, margin.beyond_seed_spread
+    if spread is None:
+        judgement = ("larger than the test-point error" if test else
+                     "within the test-point error, so the test set cannot tell them apart") + "; " + seeds
+    elif test and spread:
+        judgement = "larger than both the test-point error and the seed spread"
+    elif test:
+        judgement = "larger than the test-point error but within the seed spread, so other seeds could reverse it"
+    elif spread:
+        judgement = "within the test-point error (though beyond the seed spread), so the test set cannot tell them apart"
+    else:
+        judgement = "within both the test-point error and the seed spread, so they cannot be told apart"
+    return f"{lead}: {judgement}; {_convergence_clause(converged)}."
+
+
+def _ranking_sentence(reversals) -> tuple[str, list[str], str]:
+    """(sentence, one sentence per reversal, kind ``agree``/``noise``/``disagree``) of the ELBO-vs-held-out check."""
     if not reversals:
         return "The ELBO and the held-out elpd rank the models in the same order.", [], "agree"
+    significant = [r for r in reversals if r.significant]
     if "seeds" in reversals[0].criterion:
-        significant = [r for r in reversals if r.significant]
         if not significant:
             return ("The mean ELBO and the mean held-out elpd over seeds order some models differently, each time "
                     "within two standard errors (seed spread and test points): those models cannot be told apart.",
@@ -650,12 +709,39 @@ def verdict(reversals) -> tuple[str, list[str], str]:
         return ("The mean ELBO and the mean held-out elpd over seeds disagree: the held-out data prefer a model the "
                 "ELBO ranks lower by more than two standard errors (seed spread and test points).",
                 [r.sentence() for r in significant], "disagree")
-    significant = [r for r in reversals if r.significant]
     if not significant:
         return ("The ELBO and the held-out elpd order some models differently, each time within two paired standard "
                 "errors: the test set cannot tell those models apart.", [r.sentence() for r in reversals], "noise")
     return ("The ELBO and the held-out elpd disagree on the ranking: the held-out data prefer a model the ELBO ranks "
             "lower by more than two paired standard errors.", [r.sentence() for r in significant], "disagree")
+
+
+def verdict(margin, reversals=(), converged: Mapping[str, bool | None] | None = None) -> tuple[str, list[str], str]:
+    """(headline, one sentence per ELBO-vs-held-out reversal, kind) answering "which model, and how sure?".
+
+    ``margin``: :class:`~gpzoo.analysis.compare.Margin` of the best model by held-out elpd;
+    ``reversals``: :func:`~gpzoo.analysis.compare.heldout_reversals` or ``seed_reversals``;
+    ``converged``: ``{run: FitResult.converged}`` (None: not recorded). The headline's first sentence
+    names the best model, its margin over the next (held-out Δelpd ± paired s.e., ΔELBO, and the
+    spread over seeds when there are several), whether that margin is larger than the test-point error
+    (2 paired s.e.) and than the seed spread (2 s.d./√n over seeds), and which runs did not converge;
+    its second says whether the ELBO and the held-out elpd rank the models alike. ``kind``:
+    ``unconverged`` (a run did not converge), ``disagree`` (a reversal beyond two s.e.), ``noise``
+    (the margin or a reversal is within the noise) or ``clear``.
+    """
+    converged = dict(converged or {})
+    ranking, items, ranking_kind = _ranking_sentence(list(reversals))
+    headline = f"{_margin_sentence(margin, converged)} {ranking}"
+    within = margin.runner_up is not None and not (margin.beyond_test_error and margin.beyond_seed_spread is not False)
+    if any(c is False for c in converged.values()):
+        kind = "unconverged"
+    elif ranking_kind == "disagree":
+        kind = "disagree"
+    elif within or ranking_kind == "noise":
+        kind = "noise"
+    else:
+        kind = "clear"
+    return headline, items, kind
 
 
 def _loo_diagnostic(loo: pd.DataFrame, elbo: pd.DataFrame, num_train: Mapping[str, int]) -> dict:
@@ -780,10 +866,37 @@ def _sci(value) -> str:
 
 _NOTES = (
     "ELBO: full-data evidence lower bound (van der Wilk et al. 2017, eq. 5) ± its Monte Carlo standard error "
-    "(0 when analytic); ΔELBO is the gap to the best model. Held-out Δelpd: the best held-out log predictive "
-    "density minus each model's, summed over the test points, ± the paired standard error of that difference. "
-    "Accuracy, RMSE, NLL (mean negative log predictive density) and ECE (expected calibration error) are computed "
-    "on the test set from the analytic predictive."
+    "(0 when analytic). ΔELBO and held-out Δelpd: each model's value minus the best model's (≤ 0, 0 for the best; "
+    "the sign of ArviZ's az.compare), the held-out elpd summed over the test points, ± the paired standard error "
+    "of that difference. A margin is larger than the test-point error when it exceeds 2 paired standard errors, "
+    "and larger than the seed spread when it exceeds 2 s.d./√n of its n per-seed values."
+)
+
+#: One line per calibration abbreviation the report uses.
+_CALIBRATION_NOTES = (
+    "Accuracy: share of test points whose most probable class is the true one. RMSE: root mean squared error "
+    "of the predictive mean. NLL: mean negative log predictive density of the test points (lower is better). "
+    "ECE: expected calibration error, the gap between confidence and accuracy averaged over confidence bins "
+    "(0 is perfectly calibrated). CRPS: continuous ranked probability score, the predictive's mean absolute "
+    "error against the observation (lower is better). Brier: mean squared error of the class probabilities."
+)
+
+_FIGURE_NOTES = (
+    "PIT: probability integral transform, the predictive CDF at each test observation; uniform when the "
+    "predictive is calibrated. PAV: pool-adjacent-violators (isotonic) calibration curve; on the diagonal when "
+    "the predicted probabilities are calibrated. Reliability diagram: accuracy against confidence per bin."
+)
+
+_TYPE_II_NOTE = ("Type-II (maximum likelihood): a hyperparameter set to the value that maximises the ELBO, a bound "
+                 "on the marginal likelihood, instead of being integrated over; sampled ones have a prior and a "
+                 "variational posterior (median shown); fixed ones were not learned.")
+
+_LOO_NOTES = (
+    "p_loo: effective number of parameters, the in-sample log predictive density minus elpd_loo. Here the draws "
+    "come from the approximate posterior q and are reweighted towards p(u | y) only in elpd_loo, so p_loo can "
+    "be negative: that is not an error, and not a parameter count.",
+    "good_k: ArviZ's Pareto k threshold, min(1 − 1/log10(S), 0.7) for S draws; a point with k above it has an "
+    "unreliable importance-sampling estimate of its leave-one-out density.",
 )
 
 
@@ -796,7 +909,7 @@ def _markdown_table(table: pd.DataFrame, index: str = "model") -> str:
 
 
 def _markdown(page: Page) -> str:
-    headline, items, _ = verdict(page.reversals)
+    headline, items, _ = verdict(page.margin, page.reversals, page.converged)
     parts = [f"# {page.title}", "", data_line(page.info), "", settings_line(page.info, page.metrics), "",
              environment_line(page.info), "", "## Ranking", "", f"**{headline}**", ""]
     parts += [f"- {item}" for item in items] + ([""] if items else [])
@@ -805,11 +918,12 @@ def _markdown(page: Page) -> str:
                   "Every run:", ""]
     parts += [_markdown_table(ranking_table(page.table)), ""]
     jitter, condition = jitter_line(page.metrics), condition_line(page.metrics)
-    parts += ([jitter, ""] if jitter else []) + ([condition, ""] if condition else []) + [_NOTES, ""]
+    parts += ([jitter, ""] if jitter else []) + ([condition, ""] if condition else []) + [_NOTES, "", _CALIBRATION_NOTES, ""]
     if not page.hyperparameters.empty:
-        parts += ["## Hyperparameters", "", _markdown_table(page.hyperparameters.set_index("model")), ""]
+        parts += ["## Hyperparameters", "", _TYPE_II_NOTE, "", _markdown_table(page.hyperparameters.set_index("model")), ""]
     parts += ["## Diagnostic: PSIS-LOO", "", page.loo["sentence"], "", _markdown_table(page.loo["table"]), ""]
-    parts += ["## Figures", ""]
+    parts += [note for line in _LOO_NOTES for note in (line, "")]
+    parts += ["## Figures", "", _FIGURE_NOTES, ""]
     for fig in page.figures:
         parts += [f"### {fig['title']}", "", f"![{fig['title']}]({fig['file']})", ""]
     parts += ["## All metrics", "", "Every column, one row per model: [comparison.csv](comparison.csv).", ""]
@@ -833,7 +947,7 @@ th:first-child, td:first-child, table.text th, table.text td { text-align: left;
 thead th { background: #f4f6f8; }
 .verdict { padding: 0.6em 1em; margin: 0.6em 0; background: #eef7ee; border-left: 4px solid #3a9a3a; }
 .verdict.noise { background: #eef5ff; border-left-color: #3b7dd8; }
-.verdict.disagree { background: #fff4e5; border-left-color: #e08a00; }
+.verdict.disagree, .verdict.unconverged { background: #fff4e5; border-left-color: #e08a00; }
 .verdict ul { margin: 0.4em 0 0; }
 .notes { font-size: 0.85em; color: #555; }
 .jitter { padding: 0.4em 0.8em; background: #fff8e1; border-left: 4px solid #e0a800; }
@@ -873,7 +987,7 @@ def _seeds_html(seeds: pd.DataFrame | None) -> str:
 
 
 def _html(page: Page, out: Path) -> str:
-    headline, items, kind = verdict(page.reversals)
+    headline, items, kind = verdict(page.margin, page.reversals, page.converged)
     jitter, condition = jitter_line(page.metrics), condition_line(page.metrics)
     reversal_list = "<ul>" + "".join(f"<li>{html.escape(i)}</li>" for i in items) + "</ul>" if items else ""
     by_section = {section: [f for f in page.figures if f.get("section", "figures") == section]
@@ -881,7 +995,7 @@ def _html(page: Page, out: Path) -> str:
     hyper = ""
     if not page.hyperparameters.empty:
         hyper = ("<h2>Hyperparameters</h2>\n<p class=\"notes\">Kernel and likelihood hyperparameters: type-II point "
-                 "estimates, medians of sampled ones, fixed values.</p>\n"
+                 f"estimates, medians of sampled ones, fixed values. {html.escape(_TYPE_II_NOTE)}</p>\n"
                  + _table_html(page.hyperparameters, text=True))
     full = page.table.T.map(_fmt)
     full.columns.name = None
@@ -911,13 +1025,16 @@ def _html(page: Page, out: Path) -> str:
 {f'<p class="jitter">{html.escape(jitter)}</p>' if jitter else ''}
 {f'<p class="notes">{html.escape(condition)}</p>' if condition else ''}
 <p class="notes">{html.escape(_NOTES)}</p>
+<p class="notes">{html.escape(_CALIBRATION_NOTES)}</p>
 {hyper}
 {_figures_html(by_section["ranking"], out)}
 <h2>Diagnostic: PSIS-LOO</h2>
 <p>{html.escape(page.loo["sentence"])}</p>
 {_table_html(page.loo["table"])}
+{"".join(f'<p class="notes">{html.escape(line)}</p>' for line in _LOO_NOTES)}
 {_figures_html(by_section["loo"], out)}
 <h2>Calibration and inducing patches</h2>
+<p class="notes">{html.escape(_FIGURE_NOTES)}</p>
 {_figures_html(by_section["figures"], out)}
 <h2>All metrics</h2>
 <details><summary>Every column of <a href="comparison.csv">comparison.csv</a>, one column per model</summary>

@@ -48,7 +48,7 @@ def test_correct_model_ranks_first_by_elbo_and_by_loo(fits):
     table = compare_elbo(fits, num_samples=4)
     assert list(table.index) == ["rbf", "linear"]
     assert table.loc["rbf", "rank"] == 0 and table.loc["rbf", "d_elbo"] == 0.0
-    assert table.loc["linear", "d_elbo"] > 10.0  # clearly worse, far beyond the MC error (0: analytic)
+    assert table.loc["linear", "d_elbo"] < -10.0  # clearly worse, far beyond the MC error (0: analytic); az.compare's sign
     np.testing.assert_allclose(table["elbo_per_datum"], table["elbo"] / 60)
     assert set(table.columns) >= {"elbo", "elbo_se", "d_elbo", "d_elbo_se", "elbo_per_datum"}
 
@@ -80,7 +80,7 @@ def test_elbo_table_ranks_and_propagates_errors():
         "b": {"elbo": -100.0, "elbo_se": 4.0, "num_data": 100},
     })
     assert list(table.index) == ["b", "a"] and table["rank"].tolist() == [0, 1]
-    assert table.loc["a", "d_elbo"] == 20.0 and table.loc["a", "d_elbo_se"] == pytest.approx(5.0)
+    assert table.loc["a", "d_elbo"] == -20.0 and table.loc["a", "d_elbo_se"] == pytest.approx(5.0)  # model − best
     assert table.loc["b", "elbo_per_datum"] == -1.0
 
 
@@ -144,17 +144,17 @@ def test_compare_heldout_uses_paired_standard_errors():
     pa, pb = (np.log(np.mean(np.exp(x), axis=0)) for x in (a, b))
     np.testing.assert_allclose(heldout_pointwise(trees["a"]), pa)
     assert list(table.index) == ["a", "b"] and list(table["rank"]) == [0, 1]
-    np.testing.assert_allclose(table.loc["b", "elpd_diff"], pa.sum() - pb.sum())
+    np.testing.assert_allclose(table.loc["b", "elpd_diff"], pb.sum() - pa.sum())  # model − best, as az.compare
     np.testing.assert_allclose(table.loc["b", "dse"], np.sqrt(200) * np.std(pa - pb, ddof=1))
     # the shared difficulty cancels in the paired SE, not in the unpaired one
     assert table.loc["b", "dse"] < 0.1 * np.hypot(table.loc["a", "se"], table.loc["b", "se"])
     d, se = paired_heldout_difference(trees, "a", "b")
-    assert d == pytest.approx(table.loc["b", "elpd_diff"]) and se == pytest.approx(table.loc["b", "dse"])
+    assert d == pytest.approx(-table.loc["b", "elpd_diff"]) and se == pytest.approx(table.loc["b", "dse"])
     assert table.loc["a", "elpd_diff"] == 0 and table.loc["a", "dse"] == 0
 
 
 def test_verdict_separates_agreement_noise_and_disagreement():
-    from gpzoo.analysis.compare import Reversal, heldout_reversals  # noqa: PLC0415
+    from gpzoo.analysis.compare import Reversal, best_margin, heldout_reversals  # noqa: PLC0415
     from gpzoo.analysis.report import verdict  # noqa: PLC0415
 
     rng = np.random.default_rng(1)
@@ -162,15 +162,19 @@ def test_verdict_separates_agreement_noise_and_disagreement():
     trees = {"a": _heldout_tree(base[None] + 0.2), "b": _heldout_tree(base[None] + 0.001 * rng.normal(size=(1, 300)))}
     elbo = elbo_table({"a": {"elbo": -10.0, "elbo_se": 0.0, "num_data": 5}, "b": {"elbo": -20.0, "elbo_se": 0.0, "num_data": 5}})
     assert heldout_reversals(elbo, trees) == []  # both prefer a
-    assert verdict([])[2] == "agree"
+    agree = best_margin({"a": {"elbo": -10.0, "elbo_se": 0.0}, "b": {"elbo": -20.0, "elbo_se": 0.0}}, trees)
+    assert verdict(agree, [], {"a": True, "b": True})[2] == "clear"
     flipped = elbo_table({"a": {"elbo": -30.0, "elbo_se": 0.0, "num_data": 5}, "b": {"elbo": -20.0, "elbo_se": 0.0, "num_data": 5}})
     (reversal,) = heldout_reversals(flipped, trees)
     assert (reversal.elbo_prefers, reversal.other) == ("b", "a") and reversal.d_elbo == 10.0
     assert reversal.d_heldout == pytest.approx(0.2 * 300, rel=0.01) and reversal.significant
-    headline, items, kind = verdict([reversal])
+    margin = best_margin({"a": {"elbo": -30.0, "elbo_se": 0.0}, "b": {"elbo": -20.0, "elbo_se": 0.0}}, trees)
+    assert (margin.best, margin.runner_up, margin.d_elbo) == ("a", "b", -10.0)
+    headline, items, kind = verdict(margin, [reversal])
     assert kind == "disagree" and "disagree" in headline and items == [reversal.sentence()]
+    assert "the ELBO prefers b" in headline
     noise = Reversal("b", "a", 10.0, 0.0, 1.0, 0.8, "held-out elpd")
-    assert not noise.significant and verdict([noise])[2] == "noise"
+    assert not noise.significant and verdict(margin, [noise])[2] == "noise"
 
 
 def test_seed_reversals_count_the_spread_over_seeds():
