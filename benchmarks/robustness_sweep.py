@@ -15,7 +15,7 @@ ELBO. A run is counted as
 * ``errors``: any other exception (type and message kept in ``failures``).
 
 Goal: 0 Cholesky failures, 0 diverged fits, 0 non-finite results, 0 errors. Writes
-``benchmarks/results/robustness_sweep.json``; ``benchmarks/summarise.py`` puts the table in the README.
+``benchmarks/results/robustness_sweep.json``; ``benchmarks/summarise.py`` puts the table on the results page (docs/results.md).
 
     .venv/bin/python benchmarks/robustness_sweep.py                       # the full sweep
     .venv/bin/python benchmarks/robustness_sweep.py --models svgp-rbf,conv --seeds 2 --out /tmp/sweep.json

@@ -1,13 +1,14 @@
-"""Rewrite the README's results section from ``benchmarks/results/*.json`` (never by hand).
+"""Rewrite the documentation's results page, ``docs/results.md``, from ``benchmarks/results/*.json``
+(never by hand).
 
 Each results file is rendered by the formatter registered for its stem (``@formatter("name")``,
 a function ``dict -> list of Markdown lines``); a file without one gets a generic table of its
 top-level numbers, so a new benchmark shows up before anyone writes its formatter. The section
 between ``<!-- results:begin -->`` and ``<!-- results:end -->`` is replaced; the output depends
 only on the JSON contents (dates are the ones recorded in the files), so running it twice changes
-nothing. ``--check`` exits 1 when the README is out of date.
+nothing. ``--check`` exits 1 when the page is out of date (a test runs it).
 
-    .venv/bin/python benchmarks/summarise.py            # rewrite README.md
+    .venv/bin/python benchmarks/summarise.py            # rewrite docs/results.md
     .venv/bin/python benchmarks/summarise.py --check    # CI-style check
 """
 
@@ -22,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "results.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 #: the order files appear in; files not listed follow alphabetically.
@@ -698,7 +699,7 @@ def generic(report: dict) -> list[str]:
     return ["", provenance(report), ""] + (table(["quantity", "value"], rows) if rows else ["(no top-level numbers)"])
 
 
-# ----------------------------------------------------------------------------- README
+# ----------------------------------------------------------------------------- the results page
 def render(results_dir: Path = RESULTS) -> str:
     """The Markdown that goes between the markers, from every ``*.json`` in ``results_dir``."""
     files = sorted(results_dir.glob("*.json"), key=lambda p: (ORDER.index(p.stem) if p.stem in ORDER else len(ORDER), p.stem))
@@ -711,32 +712,32 @@ def render(results_dir: Path = RESULTS) -> str:
                 body = ["", report["note"], *body]
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:  # a malformed file must not hide the rest
             body = ["", f"(could not summarise: {type(exc).__name__}: {exc})"]
-        lines += ["", f"### {TITLES.get(path.stem, path.stem.replace('_', ' '))}", *body]
+        lines += ["", f"## {TITLES.get(path.stem, path.stem.replace('_', ' '))}", *body]
     return "\n".join(lines).strip("\n")
 
 
-def updated_readme(text: str, section: str) -> str:
+def updated_page(text: str, section: str) -> str:
     start, stop = text.find(BEGIN), text.find(END)
     if start < 0 or stop < start:
-        raise SystemExit(f"README has no {BEGIN} ... {END} markers")
+        raise SystemExit(f"the results page has no {BEGIN} ... {END} markers")
     return text[: start + len(BEGIN)] + "\n" + section + "\n" + text[stop:]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--readme", type=Path, default=README)
+    parser.add_argument("--page", type=Path, default=PAGE, help="the Markdown page to update (default docs/results.md)")
     parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--check", action="store_true", help="exit 1 if the README section is out of date; write nothing")
+    parser.add_argument("--check", action="store_true", help="exit 1 if the page's tables are out of date; write nothing")
     args = parser.parse_args(argv)
-    text = args.readme.read_text()
-    new = updated_readme(text, render(args.results))
+    text = args.page.read_text(encoding="utf-8")
+    new = updated_page(text, render(args.results))
     if args.check:
         if new != text:
-            print(f"{args.readme} results section is out of date; run benchmarks/summarise.py", file=sys.stderr)
+            print(f"{args.page}: the results tables are out of date; run benchmarks/summarise.py", file=sys.stderr)
             return 1
         return 0
     if new != text:
-        args.readme.write_text(new)
+        args.page.write_text(new, encoding="utf-8")
     return 0
 
 

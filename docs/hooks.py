@@ -4,14 +4,13 @@
   its subpackages (``package-dir`` in pyproject.toml). mkdocstrings reads the sources statically
   (Griffe, without importing JAX), and Griffe finds a package in one folder; so the package is laid
   out once more, as links to the real files, in ``build/docs-api/gpzoo`` (``build/`` is ignored by git).
-* ``on_files``: adds ``results.md``, rendered from ``benchmarks/results/*.json`` by
-  ``scripts/docs_results.py`` (the same tables as the README's results section), and the
-  notebooks in ``notebooks/``, which mkdocs-jupyter shows as saved (not executed).
+* ``on_files``: adds the notebooks in ``notebooks/``, which mkdocs-jupyter shows as saved (not
+  executed). (``results.md`` is an ordinary page, written from ``benchmarks/results/*.json`` by
+  ``benchmarks/summarise.py``.)
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -62,13 +61,6 @@ def _layout_package() -> None:
     shutil.rmtree(staging, ignore_errors=True)
 
 
-def _results_page() -> str:
-    spec = importlib.util.spec_from_file_location("_gpzoo_docs_results", ROOT / "scripts" / "docs_results.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.results_page()
-
-
 @event_priority(100)  # before mkdocstrings' on_config, which reads the handler's paths
 def on_config(config):
     _layout_package()
@@ -77,10 +69,6 @@ def on_config(config):
 
 @event_priority(100)  # before mkdocs-jupyter's on_files, which converts the notebooks added here
 def on_files(files: Files, *, config) -> Files:
-    existing = files.get_file_from_path("results.md")
-    if existing is not None:  # a copy written by scripts/docs_results.py --out docs/results.md
-        files.remove(existing)
-    files.append(File.generated(config, "results.md", content=_results_page()))
     for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
         files.append(File(f"notebooks/{notebook.name}", src_dir=str(ROOT), dest_dir=config.site_dir,
                           use_directory_urls=config.use_directory_urls))

@@ -1,4 +1,4 @@
-"""The paper-reproduction scripts still run against the library, and the README results are current.
+"""The paper-reproduction scripts still run against the library, and the results page is current.
 
 The reproductions themselves are long benchmark runs; their ``--quick`` form (a few steps on a few
 dozen images, numbers meaningless: the plumbing and the JSON layout) is ``-m benchmark`` too.
@@ -27,19 +27,20 @@ def _load(name: str):
 
 def test_summarise_is_idempotent_and_checks(tmp_path):
     summarise = _load("summarise")
-    readme = tmp_path / "README.md"
-    shutil.copy(BENCHMARKS.parent / "README.md", readme)
-    assert summarise.main(["--readme", str(readme)]) == 0
-    first = readme.read_text()
-    assert summarise.main(["--readme", str(readme)]) == 0
-    assert readme.read_text() == first
-    assert summarise.main(["--readme", str(readme), "--check"]) == 0
+    assert summarise.main(["--check"]) == 0, "docs/results.md is out of date: run benchmarks/summarise.py"
+    page = tmp_path / "results.md"
+    shutil.copy(summarise.PAGE, page)
+    assert summarise.main(["--page", str(page)]) == 0
+    first = page.read_text()
+    assert summarise.main(["--page", str(page)]) == 0
+    assert page.read_text() == first
+    assert summarise.main(["--page", str(page), "--check"]) == 0
     assert first.count(summarise.BEGIN) == first.count(summarise.END) == 1
     for path in (BENCHMARKS / "results").glob("*.json"):
-        assert f"### {summarise.TITLES.get(path.stem, path.stem.replace('_', ' '))}" in first
+        assert f"## {summarise.TITLES.get(path.stem, path.stem.replace('_', ' '))}" in first
 
-    readme.write_text(first.replace(summarise.END, "stale\n" + summarise.END))
-    assert summarise.main(["--readme", str(readme), "--check"]) == 1
+    page.write_text(first.replace(summarise.END, "stale\n" + summarise.END))
+    assert summarise.main(["--page", str(page), "--check"]) == 1
 
 
 def test_summarise_generic_fallback_and_bad_files(tmp_path):
