@@ -1,5 +1,9 @@
 """What fitting and prediction return: :class:`FitResult`, :class:`Prediction`, :class:`ElboEstimate`.
 
+:func:`assess_convergence` judges whether an objective trace has levelled off (the criterion is in
+its docstring); :attr:`FitResult.convergence` and :attr:`FitResult.converged` apply it to a fit's
+``objective_history``, so a saved and loaded fit carries its verdict without storing it.
+
 :meth:`FitResult.summary` is the GPflow-style parameter table (``gpflow.utilities.print_summary``'s
 columns: name, class, transform, prior, trainable, shape, dtype, value) of every hyperparameter and
 variational parameter; :meth:`FitResult.parameter_info` is the same information as records, which
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import math
 from typing import Any
 
 import numpy as np
@@ -17,7 +22,8 @@ import numpy as np
 from gpzoo.models.parameters import Fixed, Parameterised
 from gpzoo.models.zoo import ModelSpec
 
-__all__ = ["ElboEstimate", "FitResult", "ParameterInfo", "Prediction"]
+__all__ = ["CONVERGENCE_MIN_VALUES", "Convergence", "ElboEstimate", "FitResult", "ParameterInfo", "Prediction",
+           "assess_convergence"]
 
 #: Roles of a parameter (:attr:`ParameterInfo.role`).
 TYPE_II, SAMPLED, FIXED, VARIATIONAL = "type-II", "sampled", "fixed", "variational"
@@ -54,6 +60,179 @@ class ParameterInfo:
         return self.role in (TYPE_II, SAMPLED, FIXED)
 
 
+# ----------------------------------------------------------------------------- convergence
+#: Fewest recorded objective values :func:`assess_convergence` judges; a shorter trace gets no verdict (``None``).
+CONVERGENCE_MIN_VALUES = 20
+#: Share of the trace that forms its tail window (at least :data:`CONVERGENCE_MIN_WINDOW` values).
+CONVERGENCE_TAIL = 0.25
+CONVERGENCE_MIN_WINDOW = 10
+#: Blocks the tail is cut into to see noise that is correlated from step to step (batch medians).
+CONVERGENCE_BLOCKS = 10
+#: Standard errors of noise the tail's rise may reach and still count as level (one-sided).
+CONVERGENCE_Z = 3.0
+#: Share of the run's own progress the tail's rise may reach and still count as level.
+CONVERGENCE_RTOL = 0.01
+#: Longest run the steps-needed estimate extrapolates to, in multiples of the steps run.
+_EXTRAPOLATE_MAX = 100.0
+_MAD_TO_SD = 1.4826  # σ of a Gaussian over its median absolute deviation
+_MEDIAN_SE = math.sqrt(math.pi / 2)  # SE of a median of m Gaussian values, in units of σ/√m
+
+
+@dataclasses.dataclass(frozen=True)
+class Convergence:
+    """The verdict of :func:`assess_convergence` on an objective trace, with the numbers behind it.
+
+    ``converged``: True when the trace has levelled off, False when it is still rising, None when
+    it is too short to judge (fewer than :data:`CONVERGENCE_MIN_VALUES` values; then the numbers
+    are NaN). ``values``: the trace's length (one value per step); ``window``: the tail window
+    (the last ``window`` values); ``tail_improvement``: the objective's rise over that window;
+    ``noise``: the per-value noise scale (from step-to-step differences); ``standard_error``: that
+    of ``tail_improvement``; ``progress``: the run's rise from its first window to its tail;
+    ``threshold``: the rise above which the trace counts as still rising. ``steps_needed``: when
+    not converged, the estimated total number of steps after which it would count as levelled off
+    (``at_least``: a lower bound, for a trace whose rise is not slowing down); None otherwise.
+    """
+
+    converged: bool | None
+    values: int
+    window: int
+    tail_improvement: float
+    noise: float
+    standard_error: float
+    progress: float
+    threshold: float
+    steps_needed: int | None = None
+    at_least: bool = False
+
+    @property
+    def further_steps(self) -> int | None:
+        """``steps_needed`` less the steps run (None when converged or too short to judge)."""
+        return None if self.steps_needed is None else max(self.steps_needed - self.values, 0)
+
+    def needs(self) -> str:
+        """``"about 2,400 steps"`` or ``"at least 600 steps"`` (empty when no more are needed)."""
+        if self.steps_needed is None:
+            return ""
+        return f"{'at least' if self.at_least else 'about'} {self.steps_needed:,} steps"
+
+    def describe(self, objective: str = "objective") -> str:
+        """One sentence: the verdict and the numbers behind it."""
+        if self.converged is None:
+            return (f"{self.values} {objective} value(s) are too few to judge convergence "
+                    f"(at least {CONVERGENCE_MIN_VALUES} are needed)")
+        numbers = (f"it rose {self.tail_improvement:.3g} over the last {self.window} of {self.values} steps; "
+                   f"noise {self.noise:.3g} per step, threshold {self.threshold:.3g}")
+        if self.converged:
+            return f"the {objective} has levelled off ({numbers})"
+        return f"the {objective} has not levelled off ({numbers}); it likely needs {self.needs()}"
+
+
+def _mad_sd(x: np.ndarray) -> float:
+    return _MAD_TO_SD * float(np.median(np.abs(x - np.median(x))))
+
+
+def _detrended(x: np.ndarray) -> np.ndarray:
+    """``x`` less its least-squares line (what is left of a sequence once its steady change is removed)."""
+    t = np.arange(x.size, dtype=float)
+    t -= t.mean()
+    return x - x.mean() - t * (float(t @ (x - x.mean())) / float(t @ t))
+
+
+def assess_convergence(history, *, z: float = CONVERGENCE_Z, rtol: float = CONVERGENCE_RTOL) -> Convergence:
+    """Whether the objective trace ``history`` (maximised; one value per step) has levelled off.
+
+    With n values, the tail window is the last w = max(10, ⌈n/4⌉) values, and the window before it the w before those:
+
+    * tail improvement Δ: the median of the tail window less the median of the window before it —
+      how much the last quarter of the run gained over the quarter before (medians: a few wild
+      minibatch or Monte Carlo values do not move it);
+    * noise σ: 1.4826 · MAD / √6 of the second differences y[t+1] − 2 y[t] + y[t−1] over both
+      windows, the per-step noise (a trend, even a curving one, barely moves second differences);
+    * standard error of Δ: √2 times that of a window's median, the larger of 1.2533 · s / √w with s =
+      max(σ, 1.4826 · MAD of the tail less its least-squares line) and the scatter of the medians of
+      10 blocks of the tail about a quadratic over √10 (batch medians: noise correlated from step to
+      step, such as parameters wandering about their optimum, which step-to-step differences miss);
+    * progress P: the tail's median less the median of the first w values, how far the run has come
+      (medians, so that a fast initial transient does not dominate).
+
+    The trace has levelled off when Δ ≤ max(``z`` · s.e., ``rtol`` · P): its tail gained no more than
+    noise explains (a one-sided test: with z = 3, about 0.1 % false alarms on a level trace with
+    independent Gaussian noise), or less than ``rtol`` (1 %) of the run's own progress — the test
+    that decides for an exact, noise-free objective (full-batch, closed-form ELBO), whose noise scale
+    is about zero. A falling tail counts as level. Every quantity scales with the objective, so the
+    verdict is the same for a·y + b (a > 0): the test is scale-free. Fewer than
+    :data:`CONVERGENCE_MIN_VALUES` values (or non-finite ones) give no verdict (``converged=None``).
+
+    Steps needed, for a trace still rising: Δ₀, the same gain one window earlier. When 0 < Δ < Δ₀
+    the rise is slowing down and is extrapolated as an exponential approach to a limit (the gain
+    per window shrinking by Δ/Δ₀), with the standard error shrinking as 1/√window and the progress
+    growing by the extrapolated gain, to the first length (in 5 % increments, up to 100 n) at which
+    the criterion would hold. This is a rough guide: a rise that is not slowing down, an
+    extrapolation that meets the criterion within 2 n, or none that meets it, give the lower bound
+    2 n (``at_least``); and fits that slow down in phases (q(u) first, then the hyperparameters)
+    need more than the extrapolation of their latest phase.
+
+    A trace that pauses on a plateau before rising again (a saddle: e.g. while the noise variance
+    shrinks before the lengthscale moves) looks level while it pauses; no test of the trace alone
+    can tell the two apart.
+    """
+    y = np.asarray(history, dtype=float).ravel()
+    n = int(y.size)
+    if n < CONVERGENCE_MIN_VALUES or not np.all(np.isfinite(y)):
+        nan = float("nan")
+        return Convergence(None, n, 0, nan, nan, nan, nan, nan)
+    w = max(CONVERGENCE_MIN_WINDOW, math.ceil(CONVERGENCE_TAIL * n))
+    tail, before = y[n - w:], y[n - 2 * w:n - w]
+    rise = float(np.median(tail) - np.median(before))
+    noise = _mad_sd(np.diff(y[n - 2 * w:], 2)) / math.sqrt(6.0)
+    spread = max(noise, _mad_sd(_detrended(tail)))
+    # batch medians: the tail in blocks; their scatter about a smooth curve includes noise correlated over a block
+    blocks = np.array([np.median(b) for b in np.array_split(tail, min(CONVERGENCE_BLOCKS, w))])
+    t = np.linspace(-1.0, 1.0, blocks.size)
+    scatter = _mad_sd(blocks - np.polyval(np.polyfit(t, blocks, 2), t))
+    stderr = math.sqrt(2.0) * max(_MEDIAN_SE * spread / math.sqrt(w), scatter / math.sqrt(blocks.size))
+    progress = float(np.median(tail) - np.median(y[:w]))
+    threshold = max(z * stderr, rtol * max(progress, 0.0))
+    converged = bool(rise <= threshold)
+    steps_needed, at_least = (None, False) if converged else _steps_needed(y, w, rise, stderr, progress, z, rtol)
+    return Convergence(converged, n, w, rise, noise, stderr, progress, threshold, steps_needed, at_least)
+
+
+def _steps_needed(y: np.ndarray, w: int, rise: float, stderr: float, progress: float, z: float,
+                  rtol: float) -> tuple[int, bool]:
+    """(estimated total steps at which the criterion would hold, whether that is a lower bound)."""
+    n = y.size
+    earlier = (float(np.median(y[n - 2 * w:n - w]) - np.median(y[n - 3 * w:n - 2 * w])) if n >= 3 * w
+               else float("nan"))
+    if not (0.0 < rise < earlier):
+        return 2 * n, True  # not slowing down (or too short to tell): at least as many steps again
+    total = _extrapolated(n, w, rise, earlier, stderr, progress, z, rtol)
+    return (2 * n, True) if total is None or total < 2 * n else (total, False)
+
+
+def _extrapolated(n: int, w: int, rise: float, earlier: float, stderr: float, progress: float, z: float,
+                  rtol: float) -> int | None:
+    """The first length (5 % increments, up to 100 n) at which an exponential approach fitted to the
+    last two rises between windows meets the criterion; None if none does."""
+    decay = -math.log(rise / earlier) / w  # the level approaches its limit as -exp(-decay · t), t from step n
+
+    def mean(start: float, width: int) -> float:  # mean level over [start, start + width), up to a common scale
+        return -math.exp(-decay * start) * -math.expm1(-decay * width) / (decay * width)
+
+    scale = rise / (mean(-w, w) - mean(-2 * w, w))
+    length = float(n)
+    while length < _EXTRAPOLATE_MAX * n:
+        length *= 1.05
+        total = math.ceil(length)
+        w2 = max(CONVERGENCE_MIN_WINDOW, math.ceil(CONVERGENCE_TAIL * total))
+        last = mean(total - n - w2, w2)
+        rise2 = scale * (last - mean(total - n - 2 * w2, w2))
+        progress2 = progress + scale * (last - mean(-w, w))
+        if rise2 <= max(z * stderr * math.sqrt(w / w2), rtol * max(progress2, 0.0)):
+            return total
+    return None
+
+
 @dataclasses.dataclass
 class FitResult:
     """A fitted model: its spec, the inducing structure, the learned parameters and the traces.
@@ -63,6 +242,8 @@ class FitResult:
     t steps; ``step_size_history[t]`` the step size of step t (``step_size`` names it: the
     optimiser's learning rate, or the natural-gradient step ρ_t). ``family`` is the model family
     (e.g. :class:`gpzoo.inference.svgp.SVGP`) that holds the NumPyro model and guide.
+    :attr:`converged` says whether the objective had levelled off by the last step (None: too few
+    steps to judge) and :attr:`convergence` gives the numbers behind it (:func:`assess_convergence`).
     """
 
     spec: ModelSpec
@@ -80,6 +261,18 @@ class FitResult:
     batch_size: int | None = None
     objective: str = "ELBO"
     step_size: str = "learning rate"
+
+    @property
+    def convergence(self) -> Convergence:
+        """Whether ``objective_history`` has levelled off, and the numbers behind the verdict
+        (:func:`assess_convergence`); computed from the history on each access, so a loaded fit has it too."""
+        return assess_convergence(self.objective_history)
+
+    @property
+    def converged(self) -> bool | None:
+        """True when the objective has levelled off, False when it was still rising at the last
+        step, None when the trace is too short to judge (:attr:`convergence`)."""
+        return self.convergence.converged
 
     @property
     def final_objective(self) -> float:
