@@ -19,9 +19,11 @@ import jax.numpy as jnp
 import numpyro
 from numpyro.distributions import Distribution, constraints
 
-from gpzoo.models.errors import HyperparameterError, check_positive, is_concrete
+import numpy as np
 
-__all__ = ["Fixed", "Parameterised", "hyper", "pytree_dataclass", "static"]
+from gpzoo.models.errors import HyperparameterError, is_concrete, model_float_dtype
+
+__all__ = ["Fixed", "Parameterised", "check_hyperparameter", "hyper", "pytree_dataclass", "static"]
 
 
 @jax.tree_util.register_dataclass
@@ -32,9 +34,62 @@ class Fixed:
     value: Any
 
 
-def hyper(default: Any = dataclasses.MISSING, *, constraint=constraints.positive, kw_only=False):
-    """Declare a hyperparameter field with the NumPyro ``constraint`` its value must satisfy."""
-    return dataclasses.field(default=default, metadata={"constraint": constraint}, kw_only=kw_only)
+def hyper(default: Any = dataclasses.MISSING, *, constraint=constraints.positive, maximum: float | None = None, kw_only=False):
+    """Declare a hyperparameter field with the NumPyro ``constraint`` its value must satisfy.
+
+    ``maximum``: the largest magnitude a value given at construction may have (e.g. an angle in
+    degrees), checked with the constraint; training is not bounded by it.
+    """
+    metadata = {"constraint": constraint} if maximum is None else {"constraint": constraint, "maximum": float(maximum)}
+    return dataclasses.field(default=default, metadata=metadata, kw_only=kw_only)
+
+
+def check_hyperparameter(value, argument: str, constraint=constraints.positive, maximum: float | None = None) -> None:
+    """Raise ``HyperparameterError`` naming ``argument`` unless a concrete ``value`` is a valid hyperparameter.
+
+    The value is converted to the precision models compute in (float32 unless ``jax_enable_x64``)
+    first, and the checks run on the converted numbers: real (no strings, booleans, complex
+    numbers or objects), finite after conversion (1e39 is inf in float32), within the
+    ``constraint`` (``positive``: > 0 after conversion, so 1e-50 that rounds to 0 in float32 is
+    refused; ``unit_interval``: in [0, 1]; ``real``: any finite value) and, when given, with
+    magnitude at most ``maximum``. Tracers and ``None`` pass (nothing to check before tracing).
+    """
+    if value is None or not is_concrete(value):
+        return
+    kind = f"{value!r} ({type(value).__name__})"
+    if isinstance(value, (str, bytes)):
+        raise HyperparameterError(argument, f"must be a real number or an array of them, got the string {value!r}")
+    try:
+        arr = np.asarray(value)
+    except Exception:  # noqa: BLE001 - anything unconvertible is the user's input
+        raise HyperparameterError(argument, f"must be a real number or an array of them, got {kind}") from None
+    if arr.dtype.kind == "c":
+        raise HyperparameterError(argument, f"must be real, got the complex value(s) {arr.tolist()}")
+    if arr.dtype.kind not in "iuf":
+        raise HyperparameterError(argument, f"must be a real number or an array of them, got {kind}"
+                                            + ("" if arr.dtype.kind == "b" else f" of dtype {arr.dtype}"))
+    dtype = model_float_dtype()
+    with np.errstate(over="ignore", under="ignore"):
+        converted = arr.astype(dtype)
+    if not np.all(np.isfinite(converted)):
+        if np.all(np.isfinite(arr)):
+            raise HyperparameterError(argument, f"{_shown(arr, ~np.isfinite(converted))} is outside the {dtype.name} range "
+                                                f"(|x| <= {float(np.finfo(dtype).max):.4g}) models compute in")
+        raise HyperparameterError(argument, f"must be finite, got {_shown(arr, ~np.isfinite(arr))}")
+    if constraint is constraints.positive and np.any(converted <= 0):
+        rounded = f" (it rounds to 0 in {dtype.name})" if np.all(arr > 0) else ""
+        raise HyperparameterError(argument, f"must be positive and finite, got {_shown(arr, converted <= 0)}{rounded}")
+    if constraint is constraints.unit_interval and np.any((converted < 0) | (converted > 1)):
+        raise HyperparameterError(argument, f"must lie in [0, 1], got {_shown(arr, (converted < 0) | (converted > 1))}")
+    if maximum is not None and np.any(np.abs(converted) > maximum):
+        raise HyperparameterError(argument, f"must have magnitude at most {maximum:g}, got {_shown(arr, np.abs(converted) > maximum)}")
+
+
+def _shown(arr: np.ndarray, bad: np.ndarray) -> str:
+    """``arr`` for a message: the value itself when small, else its shape and a few offending entries."""
+    if arr.size <= 8:
+        return str(arr.tolist())
+    return f"an array of shape {arr.shape} with {int(np.count_nonzero(bad))} such entries, e.g. {arr[bad][:3].tolist()}"
 
 
 def static(default: Any = dataclasses.MISSING, *, kw_only=False):
@@ -91,13 +146,7 @@ class Parameterised:
             if constraint is None or isinstance(value, Distribution):
                 continue
             raw = value.value if isinstance(value, Fixed) else value
-            name = f"{type(self).__name__}.{f.name}"
-            if constraint is constraints.positive:
-                check_positive(raw, name)
-            elif constraint is constraints.unit_interval and is_concrete(raw):
-                arr = jnp.asarray(raw)
-                if bool(jnp.any((arr < 0) | (arr > 1))):
-                    raise HyperparameterError(name, f"must lie in [0, 1], got {arr.tolist()}")
+            check_hyperparameter(raw, f"{type(self).__name__}.{f.name}", constraint, f.metadata.get("maximum"))
 
     # ----------------------------------------------------------------- NumPyro integration
     def realise(self, name: str = "kernel") -> "Parameterised":

@@ -270,6 +270,12 @@ class ImageAugmentation(Orbit):
         raise NotImplementedError
 
 
+#: Largest rotation range (degrees) an augmentation accepts at construction: U(−360°, 360°) already covers every angle.
+MAX_ANGLE_DEGREES = 360.0
+#: Largest log-scale range accepted at construction (e^10 ≈ 2·10⁴: the image shrinks below one pixel long before).
+MAX_LOG_SCALE = 10.0
+
+
 @pytree_dataclass
 class RotationAugmentation(ImageAugmentation):
     """x_a = x rotated by φ ~ Uniform(−α, α) degrees, α = ``max_angle`` learned (van der Wilk et al. 2018, §5.1).
@@ -279,7 +285,7 @@ class RotationAugmentation(ImageAugmentation):
     """
 
     image_shape: tuple[int, int] = static()
-    max_angle: Any = hyper(45.0)
+    max_angle: Any = hyper(45.0, maximum=MAX_ANGLE_DEGREES)
     num_samples: int = static(8)
 
     def source_grid(self, key, dtype):
@@ -373,8 +379,8 @@ class LocalDeformation(ImageAugmentation):
 
     image_shape: tuple[int, int] = static()
     displacement: Any = hyper(1.0)
-    max_angle: Any = hyper(10.0)
-    max_log_scale: Any = hyper(0.1)
+    max_angle: Any = hyper(10.0, maximum=MAX_ANGLE_DEGREES)
+    max_log_scale: Any = hyper(0.1, maximum=MAX_LOG_SCALE)
     max_shear: Any = hyper(0.1)
     smoothness: float = static(3.0)
     num_samples: int = static(8)

@@ -1,13 +1,20 @@
 """Stationary kernels k(x, y) = σ² κ(r), r = ‖(x − y)/ℓ‖ (Duvenaud 2014, §1.2, Fig. 1.1).
 
-Distances are computed with a matmul, ‖x‖² − 2 x·y + ‖y‖² (van der Wilk et al. 2017, App. A.2), never with an
-``[N, M, D]`` broadcast; ``lengthscale`` may be a scalar or one value per input dimension (ARD).
+Squared distances never depend on where the inputs sit, only on their differences: a shared offset
+(a year axis, a sensor reading 1000 ± 1) changes a kernel value by no more than the rounding of the
+inputs themselves. Both sides are first centred on a common reference point (the mean of all rows
+of X and Y, a constant of the computation without gradient). With a few input columns
+(≤ :data:`DIRECT_MAX_DIM`) the distances are then summed from differences column by column; with
+more, by a matmul, ‖x‖² − 2 x·y + ‖y‖² (van der Wilk et al. 2017, App. A.2), whose cancellation
+is then bounded by the spread of the inputs instead of their magnitude. Neither form builds an
+``[N, M, D]`` array. ``lengthscale`` may be a scalar or one value per input dimension (ARD).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -23,20 +30,48 @@ __all__ = [
     "RationalQuadratic",
     "SquaredExponential",
     "Stationary",
+    "centred",
     "safe_sqrt",
     "scaled_sqdist",
 ]
 
+#: Up to this many input columns the squared distances are summed from differences column by
+#: column (exact zeros, no cancellation; D ``[N, M]`` terms); from D + 1 on by one matmul.
+DIRECT_MAX_DIM = 4
+
+
+def centred(X, Y):
+    """``X`` ``[N, D]`` and ``Y`` ``[M, D]`` less a common reference point, the mean of all their rows.
+
+    The reference is a constant of the computation (``stop_gradient``): every function of
+    differences x − y is unchanged by it, so gradients with respect to X and Y are those of the
+    uncentred inputs. Subtracting it is exact for inputs within a factor of two of it (Sterbenz),
+    so a shared offset is removed before anything can round away the differences. Costs
+    O((N + M)·D).
+    """
+    count = max(X.shape[0] + Y.shape[0], 1)
+    reference = jax.lax.stop_gradient((jnp.sum(X, axis=0) + jnp.sum(Y, axis=0)) / count)  # [D]
+    return X - reference, Y - reference  # [N, D], [M, D]
+
 
 def scaled_sqdist(X, Y, lengthscale):
-    """Squared distances ``[N, M]`` between ``X/ℓ`` ``[N, D]`` and ``Y/ℓ`` ``[M, D]`` via a matmul.
+    """Squared distances ``[N, M]`` between ``X/ℓ`` ``[N, D]`` and ``Y/ℓ`` ``[M, D]``, shift-invariant.
 
-    Values below the rounding error of the expansion (a few ulps of ‖x‖² + ‖y‖²) are set to 0,
-    so identical points are at distance exactly 0; otherwise kernels that take a square root
+    Both sides are centred on a common reference (:func:`centred`). With at most
+    :data:`DIRECT_MAX_DIM` columns the distances are sums of squared differences, one column at a
+    time (identical points are at distance exactly 0). With more, a matmul expansion on the centred
+    inputs; there values below its rounding error (a few ulps of ‖x‖² + ‖y‖²) are set to 0, so
+    identical points are at distance exactly 0 too; otherwise kernels that take a square root
     (Matérn) would turn a 1e-16 rounding error into a 1e-8 error on the diagonal.
     """
+    X, Y = centred(X, Y)
     Xs = X / lengthscale  # [N, D]
     Ys = Y / lengthscale  # [M, D]
+    if Xs.shape[-1] <= DIRECT_MAX_DIM:
+        r2 = jnp.zeros((Xs.shape[0], Ys.shape[0]), jnp.result_type(Xs, Ys))  # [N, M]
+        for d in range(Xs.shape[-1]):
+            r2 = r2 + (Xs[:, d, None] - Ys[None, :, d]) ** 2  # [N, M]
+        return r2
     cross = Xs @ Ys.T  # [N, M]
     norms = jnp.sum(Xs**2, -1)[:, None] + jnp.sum(Ys**2, -1)[None, :]  # [N, M]
     r2 = norms - 2.0 * cross  # [N, M]
@@ -150,6 +185,7 @@ class Periodic(Stationary):
     dimension_fields = ("lengthscale", "period")
 
     def _K(self, X, Y):
+        X, Y = centred(X, Y)  # phases of differences from a common reference, not of the raw inputs
         U = self._circle(X)  # [N, 2D]
         V = self._circle(Y)  # [M, 2D]
         return self.variance * self.profile(scaled_sqdist(U, V, 1.0))  # [N, M]
@@ -176,6 +212,7 @@ class Cosine(Stationary):
     variance: Any = hyper(1.0)
 
     def _K(self, X, Y):
+        X, Y = centred(X, Y)  # phases of differences from a common reference, not of the raw inputs
         a = self._phase(X)  # [N]
         b = self._phase(Y)  # [M]
         features_x = jnp.stack([jnp.cos(a), jnp.sin(a)], axis=-1)  # [N, 2]
