@@ -36,6 +36,7 @@ import dataclasses
 import math
 import os
 import sys
+import warnings
 from pathlib import Path
 
 __all__ = ["main"]
@@ -80,6 +81,16 @@ _positive_int = _int_at_least(1, "positive")
 _non_negative_int = _int_at_least(0, "non-negative")
 
 
+def _steps(text: str):
+    """An argparse type: a non-negative integer, or ``auto`` (run until the objective levels off)."""
+    if text == "auto":
+        return text
+    try:
+        return _non_negative_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer or 'auto', got {text!r}") from None
+
+
 def _seed_list(text: str) -> list[int]:
     """An argparse type: distinct non-negative integers separated by commas."""
     try:
@@ -121,7 +132,9 @@ def _add_fit_options(parser, *, data_default):
     parser.add_argument("--data", default=data_default, required=data_default is None,
                         help=f"dataset name (see `gpzoo list`){'' if data_default is None else f'; default {data_default}'}")
     parser.add_argument("--out", required=True, type=Path, help="output directory of the report")
-    parser.add_argument("--steps", type=_non_negative_int, default=DEFAULTS["steps"], help="optimisation steps per model (default %(default)s)")
+    parser.add_argument("--steps", type=_steps, default=DEFAULTS["steps"],
+                        help="optimisation steps per model, or 'auto': until its objective levels off, at most 10,000 "
+                             "(default %(default)s); a model that ends before it levels off is named after the table")
     parser.add_argument("--batch-size", type=_positive_int, default=DEFAULTS["batch_size"],
                         help="minibatch size, capped at the training-set size (default %(default)s)")
     parser.add_argument("--seed", type=_non_negative_int, default=0, help="seed of data generation and fitting (default 0)")
@@ -522,6 +535,7 @@ def _fit_and_report(args, model_names: list[str], out) -> int:
     from gpzoo.analysis.comparison import FitsInterrupted, fit_and_report, run_names, write_run_record  # noqa: PLC0415
     from gpzoo.analysis.report import check_writable, summary_columns  # noqa: PLC0415
     from gpzoo.models import zoo  # noqa: PLC0415
+    from gpzoo.models.errors import ConvergenceWarning  # noqa: PLC0415
 
     if len(set(model_names)) != len(model_names):
         raise UsageError(f"--models lists a model twice: {','.join(model_names)}")
@@ -538,18 +552,21 @@ def _fit_and_report(args, model_names: list[str], out) -> int:
     write_run_record(args.out, run)
     backend_options = {} if args.backend == "sequential" else {"address": args.address, "cpus_per_fit": args.cpus_per_fit}
     try:
-        result = fit_and_report(
-            dataset=ds, X_train=X_train, y_train=y_train, X_test=X_test, y_test=y_test, specs=specs,
-            runs=run_names(model_names, _fit_seeds(args)), grouped=bool(args.seeds), out=args.out, resume=args.resume,
-            steps=args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate,
-            checkpoint_every=args.checkpoint_every, num_draws=args.num_draws, data_seed=args.seed, backend=args.backend,
-            backend_options=backend_options, save_models=args.save_models, progress=not args.quiet,
-            log=None if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True)))
+        with warnings.catch_warnings():  # said once, below the table, for fits in this process or any other
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            result = fit_and_report(
+                dataset=ds, X_train=X_train, y_train=y_train, X_test=X_test, y_test=y_test, specs=specs,
+                runs=run_names(model_names, _fit_seeds(args)), grouped=bool(args.seeds), out=args.out, resume=args.resume,
+                steps=args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate,
+                checkpoint_every=args.checkpoint_every, num_draws=args.num_draws, data_seed=args.seed, backend=args.backend,
+                backend_options=backend_options, save_models=args.save_models, progress=not args.quiet,
+                log=None if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True)))
     except FitsInterrupted as exc:
         raise Interrupted(f"interrupted; finished fits are saved in {exc.models_dir} ({', '.join(exc.finished) or 'none'}) "
                           "and a running one has a checkpoint: rerun the same command with --resume to continue") from None
     path = result.report_path
     _print_summary(path.parent, out, summary_columns)
+    _print_unconverged(result.results, len(_fit_seeds(args)) > 1, out)
     print(f"fitted {len(result.results)} model(s) in {result.fit_seconds:.1f} s, report in {result.report_seconds:.1f} s "
           f"(CPU time {result.fit_cpu_seconds:.1f} s and {result.report_cpu_seconds:.1f} s); report: {path}", file=out)
     if args.save_models:
@@ -568,6 +585,17 @@ def _print_summary(out_dir: Path, out, summary_columns) -> None:
     for line in markdown.splitlines():
         if line.startswith(("PSIS-LOO is unreliable", "Jitter was raised")):
             print(line, file=out)
+
+
+def _print_unconverged(results: dict, with_seed: bool, out) -> None:
+    """A warning line for every fit (``{(model, seed): FitResult}``) whose objective had not levelled off."""
+    for (model, seed), res in results.items():
+        convergence = getattr(res, "convergence", None)
+        if convergence is None or convergence.converged is not False:
+            continue
+        name = f"{model} (seed {seed})" if with_seed else model
+        print(f"warning: {name} has not converged: {convergence.describe(res.objective)} in total "
+              "(raise --steps, or --steps auto)", file=out)
 
 
 def _cmd_fit(args, out) -> int:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,15 +45,15 @@ from gpzoo.inference.linalg import float_dtype
 from gpzoo.inference.pg_natgrad import fit_pg_natgrad
 from gpzoo.inference.programs import pad_rows, row_blocks
 from gpzoo.inference.results import ElboEstimate, FitResult, Prediction
-from gpzoo.inference.runner import FitSettings
+from gpzoo.inference.runner import AUTO_MAX_STEPS, FitSettings
 from gpzoo.inference.svgp import SVGP
 from gpzoo.inference.svi import fit_svi
 from gpzoo.models import draws
-from gpzoo.models.errors import InvalidArgumentError, check_integer, check_seed
+from gpzoo.models.errors import ConvergenceWarning, InvalidArgumentError, check_integer, check_seed
 from gpzoo.models.zoo import ModelSpec
 
 __all__ = ["METHODS", "ElboCalls", "ElboEstimate", "FitResult", "Method", "Prediction", "PredictCalls", "build_family",
-           "elbo_calls", "evaluate_elbo", "fit", "predict", "predict_calls", "register_method"]
+           "elbo_calls", "evaluate_elbo", "fit", "predict", "predict_calls", "register_method", "warn_if_unconverged"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +121,7 @@ def fit(
     X,
     y=None,
     *,
-    steps: int = 1000,
+    steps: int | str = 1000,
     batch_size: int | None = None,
     seed: int = 0,
     learning_rate: float | optax.Schedule = 0.01,
@@ -132,6 +133,7 @@ def fit(
     progress: bool = True,
     chunk_size: int = 25,
     devices=None,
+    max_steps: int = AUTO_MAX_STEPS,
 ) -> FitResult:
     """Fit ``spec`` to (X, y) by the spec's inference method; returns a :class:`FitResult`.
 
@@ -140,6 +142,17 @@ def fit(
     written every ``checkpoint_every`` steps (default: every 10 % of the run) and at the end;
     ``resume=True`` continues from the checkpoint there and reproduces the uninterrupted run.
     Minibatches are drawn without replacement epoch by epoch, a pure function of seed and step.
+
+    Convergence: the result's :attr:`~FitResult.converged` says whether the objective had levelled
+    off by the last step (:func:`~gpzoo.inference.results.assess_convergence`: the last quarter's
+    gain over the quarter before, against the trace's own noise and 1 % of the run's progress;
+    None for fewer than 20 steps), and :attr:`~FitResult.convergence` gives the numbers and an
+    estimate of the steps still needed. A fit that ends unconverged warns
+    (:class:`~gpzoo.models.errors.ConvergenceWarning`, naming the model and the steps it likely
+    needs). ``steps="auto"`` runs until the objective levels off
+    (:func:`~gpzoo.inference.results.settled`, tested after every chunk of ``chunk_size`` steps),
+    at most ``max_steps`` (default 10,000; it bounds only an ``"auto"`` run); the steps run are
+    ``len(result.objective_history)``.
 
     Data larger than memory: ``X`` may be a :class:`~gpzoo.inference.data.MemmapSource`
     (``open_npy(X_path, y_path)``; ``y=None`` takes the source's targets). Its rows are checked
@@ -165,7 +178,8 @@ def fit(
     method = _method(spec)
     settings = FitSettings(steps=steps, batch_size=batch_size, seed=seed, learning_rate=learning_rate, optimizer=optimizer,
                            inducing=inducing, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                           resume=resume, progress=progress, chunk_size=chunk_size, devices=devices)
+                           resume=resume, progress=progress, chunk_size=chunk_size, devices=devices,
+                           max_steps=max_steps)
     if y is None and not isinstance(X, MemmapSource):
         raise InvalidArgumentError("y", "pass the targets y (only a data source such as open_npy(X_path, y_path) carries its own)")
     fitter = getattr(method.fitter, "__name__", repr(method.fitter))
@@ -177,7 +191,22 @@ def fit(
         raise InvalidArgumentError("X", f"model {spec.name!r} is fitted by {fitter}, which reads its data in memory; "
                                         "pass arrays (a data source is read by the SVI fitter)")
     with threadpoolctl.threadpool_limits(1, user_api="blas"):
-        return method.fitter(spec, X, y, family_class=method.family, settings=settings)
+        res = method.fitter(spec, X, y, family_class=method.family, settings=settings)
+    warn_if_unconverged(res, stacklevel=3)
+    return res
+
+
+def warn_if_unconverged(res: FitResult, stacklevel: int = 2) -> None:
+    """Issue a :class:`~gpzoo.models.errors.ConvergenceWarning` naming the model and the steps it
+    likely needs when ``res``'s objective had not levelled off by its last step."""
+    convergence = res.convergence
+    if convergence.converged is not False:
+        return
+    message = (f"{res.spec.name}: {convergence.describe(res.objective)} in total; pass more steps, or "
+               "steps='auto' to run until it levels off")
+    warnings.warn(ConvergenceWarning(message, model=res.spec.name, steps=convergence.values,
+                                     steps_needed=convergence.steps_needed, at_least=convergence.at_least),
+                  stacklevel=stacklevel)
 
 
 # ----------------------------------------------------------------------------- prediction

@@ -23,7 +23,7 @@ from gpzoo.models.parameters import Fixed, Parameterised
 from gpzoo.models.zoo import ModelSpec
 
 __all__ = ["CONVERGENCE_MIN_VALUES", "Convergence", "ElboEstimate", "FitResult", "ParameterInfo", "Prediction",
-           "assess_convergence"]
+           "assess_convergence", "settled"]
 
 #: Roles of a parameter (:attr:`ParameterInfo.role`).
 TYPE_II, SAMPLED, FIXED, VARIATIONAL = "type-II", "sampled", "fixed", "variational"
@@ -85,7 +85,8 @@ class Convergence:
     ``converged``: True when the trace has levelled off, False when it is still rising, None when
     it is too short to judge (fewer than :data:`CONVERGENCE_MIN_VALUES` values; then the numbers
     are NaN). ``values``: the trace's length (one value per step); ``window``: the tail window
-    (the last ``window`` values); ``tail_improvement``: the objective's rise over that window;
+    (the last ``window`` values); ``tail_improvement``: the gain of the tail window's median over
+    the median of the ``window`` values before it;
     ``noise``: the per-value noise scale (from step-to-step differences); ``standard_error``: that
     of ``tail_improvement``; ``progress``: the run's rise from its first window to its tail;
     ``threshold``: the rise above which the trace counts as still rising. ``steps_needed``: when
@@ -120,8 +121,8 @@ class Convergence:
         if self.converged is None:
             return (f"{self.values} {objective} value(s) are too few to judge convergence "
                     f"(at least {CONVERGENCE_MIN_VALUES} are needed)")
-        numbers = (f"it rose {self.tail_improvement:.3g} over the last {self.window} of {self.values} steps; "
-                   f"noise {self.noise:.3g} per step, threshold {self.threshold:.3g}")
+        numbers = (f"after {self.values:,} steps, its last {self.window:,} gained {self.tail_improvement:.3g} over the "
+                   f"{self.window:,} before; noise {self.noise:.3g} per step, threshold {self.threshold:.3g}")
         if self.converged:
             return f"the {objective} has levelled off ({numbers})"
         return f"the {objective} has not levelled off ({numbers}); it likely needs {self.needs()}"
@@ -196,6 +197,19 @@ def assess_convergence(history, *, z: float = CONVERGENCE_Z, rtol: float = CONVE
     converged = bool(rise <= threshold)
     steps_needed, at_least = (None, False) if converged else _steps_needed(y, w, rise, stderr, progress, z, rtol)
     return Convergence(converged, n, w, rise, noise, stderr, progress, threshold, steps_needed, at_least)
+
+
+def settled(history) -> bool:
+    """The stopping rule of ``fit(steps="auto")``: the trace has levelled off (:func:`assess_convergence`)
+    at its end and had already at three quarters of its length.
+
+    The second verdict asks the objective to have stayed level over the last ~60 % of the run
+    (the earlier verdict compares [3n/8, 9n/16) with [9n/16, 3n/4)), so that a short pause on a
+    plateau (a saddle, which any test of the trace alone mistakes for the end) stops nothing.
+    A function of the history alone: a resumed run stops where the uninterrupted one does.
+    """
+    y = np.asarray(history, dtype=float).ravel()
+    return bool(assess_convergence(y).converged) and bool(assess_convergence(y[:(3 * y.size) // 4]).converged)
 
 
 def _steps_needed(y: np.ndarray, w: int, rise: float, stderr: float, progress: float, z: float,
@@ -337,10 +351,22 @@ class FitResult:
         columns = ["name", "class", "role", "constraint", "transform", "prior", "trainable", "shape", "dtype", "value"]
         return pd.DataFrame(rows, columns=columns).set_index("name")
 
-    def header(self) -> str:
-        """One line: model, objective (final value) and number of steps."""
+    def header(self, estimate: ElboEstimate | None = None) -> str:
+        """One line: the model, its objective, the steps run and the last step size.
+
+        Without ``estimate`` the objective is the trace's last value, which for a minibatch fit is
+        a one-batch estimate (said so); with an :class:`ElboEstimate` (``evaluate_elbo``) it is that
+        full-data estimate ± its Monte Carlo s.e., the value a comparison's ranking table shows.
+        """
         steps = len(self.objective_history)
-        return f"{self.spec.name}: {self.objective} {self.final_objective:.6g} after {steps} steps ({self.step_size})"
+        if estimate is not None:
+            value = f"{self.objective} {estimate.elbo:.6g} ± {estimate.stderr:.2g} (full data)"
+        elif self.batch_size is not None and self.batch_size < self.num_data:
+            value = f"{self.objective} {self.final_objective:.6g} (last step, one minibatch of {self.batch_size})"
+        else:
+            value = f"{self.objective} {self.final_objective:.6g}"
+        rate = f", last {self.step_size} {float(self.step_size_history[-1]):.3g}" if len(self.step_size_history) else ""
+        return f"{self.spec.name}: {value} after {steps} steps{rate}"
 
     def _repr_html_(self) -> str:
         table = self.summary().to_html(escape=True, border=0)

@@ -3,7 +3,8 @@ checkpoints and exact resume, a NaN guard, and Ctrl-C that keeps the last comple
 
 A fitter describes one step as a :class:`ChunkProgram` and hands it to :func:`run_chunks`
 (the SVI fitter, :mod:`gpzoo.inference.svi`; the Pólya–Gamma natural-gradient fitter,
-:mod:`gpzoo.inference.pg_natgrad`).
+:mod:`gpzoo.inference.pg_natgrad`). ``steps="auto"`` runs until the objective levels off
+(:func:`gpzoo.inference.results.settled`), checked on the host between chunks, at most ``max_steps``.
 """
 
 from __future__ import annotations
@@ -24,13 +25,16 @@ from tqdm.auto import tqdm
 from gpzoo.inference.checkpoint import check_config, load_checkpoint, read_config, save_checkpoint
 from gpzoo.inference.data import MemmapSource, data_fingerprint
 from gpzoo.inference.linalg import float_dtype
+from gpzoo.inference.results import settled
 from gpzoo.inference.sharding import DataParallel, resolve_devices
 from gpzoo.models.errors import CheckpointError, InvalidArgumentError, TrainingError, check_flag, check_integer, check_real, check_seed
 
-__all__ = ["RESUME_KEYS", "SCHEDULE_PROBE_STEPS", "ChunkProgram", "ClosureStep", "FitSettings", "restart_clock", "run_chunks"]
+__all__ = ["AUTO_MAX_STEPS", "RESUME_KEYS", "SCHEDULE_PROBE_STEPS", "ChunkProgram", "ClosureStep", "FitSettings", "restart_clock", "run_chunks"]
 
 #: Steps at which a learning-rate schedule is evaluated to tell two schedules apart on resume.
 SCHEDULE_PROBE_STEPS = (0, 1, 10, 100, 1000, 10000, 100000)
+#: Default most steps of a ``steps="auto"`` run.
+AUTO_MAX_STEPS = 10_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,10 +45,12 @@ class FitSettings:
     ``learning_rate`` (a float or an optax schedule); ``inducing`` replaces the spec's initial
     inducing variables; checkpoints go to ``checkpoint_dir`` every ``checkpoint_every`` steps;
     ``devices`` (a count or a sequence of JAX devices) splits each minibatch across devices
-    (:mod:`gpzoo.inference.sharding`; None: one device).
+    (:mod:`gpzoo.inference.sharding`; None: one device). ``steps="auto"`` runs until the objective
+    levels off (:func:`~gpzoo.inference.results.settled`, checked after every chunk), at most
+    ``max_steps`` (default :data:`AUTO_MAX_STEPS`; it bounds only an ``"auto"`` run).
     """
 
-    steps: int = 1000
+    steps: int | str = 1000
     batch_size: int | None = None
     seed: int = 0
     learning_rate: Any = 0.01
@@ -56,10 +62,16 @@ class FitSettings:
     progress: bool = True
     chunk_size: int = 25
     devices: Any = None
+    max_steps: int = AUTO_MAX_STEPS
 
     def __post_init__(self):
         """Eager checks of every setting (typed errors naming it, before any tracing)."""
-        check_integer(self.steps, "steps", minimum=0)
+        if isinstance(self.steps, str):
+            if self.steps != "auto":
+                raise InvalidArgumentError("steps", f"expected a non-negative integer or 'auto', got {self.steps!r}")
+        else:
+            check_integer(self.steps, "steps", minimum=0)
+        check_integer(self.max_steps, "max_steps", minimum=1)
         if self.batch_size is not None:
             check_integer(self.batch_size, "batch_size", minimum=1)
         check_seed(self.seed)
@@ -79,6 +91,16 @@ class FitSettings:
         if self.resume and self.checkpoint_dir is None:
             raise InvalidArgumentError("resume", "resume=True needs checkpoint_dir")
         resolve_devices(self.devices)
+
+    @property
+    def auto(self) -> bool:
+        """True for ``steps="auto"``: run until the objective levels off."""
+        return isinstance(self.steps, str)
+
+    @property
+    def step_limit(self) -> int:
+        """The most steps the run may take: ``steps``, or ``max_steps`` for ``steps="auto"``."""
+        return int(self.max_steps) if self.auto else int(self.steps)
 
     def data_parallel(self) -> DataParallel | None:
         """The device mesh of ``devices`` (None for one device, the default)."""
@@ -128,17 +150,22 @@ class FitSettings:
         if self.resume and any(Path(self.checkpoint_dir).iterdir()):
             saved = read_config(self.checkpoint_dir)
             check_config(self.checkpoint_dir, saved, {k: config[k] for k in RESUME_KEYS})
-            check_steps_done(self.checkpoint_dir, saved["step"], self.steps)
+            check_steps_done(self.checkpoint_dir, saved["step"], self.step_limit)
         return config
 
     def run(self, program: "ChunkProgram", state, diagnostics: dict):
         """:func:`run_chunks` of ``program`` from ``state`` with these settings; records ``seconds`` and
-        ``steps`` in ``diagnostics``. Returns ``(state, objective history, step-size history)``."""
+        ``steps`` (the steps run) in ``diagnostics``, and for ``steps="auto"`` ``auto_steps``
+        (``max_steps``, and ``stopped``: ``"levelled off"`` or ``"max_steps"``).
+        Returns ``(state, objective history, step-size history)``."""
         t0 = time.perf_counter()
-        out = run_chunks(program, state, steps=self.steps, chunk_size=self.chunk_size, checkpoint_dir=self.checkpoint_dir,
-                         checkpoint_every=self.checkpoint_every, resume=self.resume, progress=self.progress,
-                         diagnostics=diagnostics)
-        diagnostics["seconds"], diagnostics["steps"] = time.perf_counter() - t0, self.steps
+        out = run_chunks(program, state, steps=self.step_limit, chunk_size=self.chunk_size,
+                         checkpoint_dir=self.checkpoint_dir, checkpoint_every=self.checkpoint_every, resume=self.resume,
+                         progress=self.progress, diagnostics=diagnostics, auto=self.auto)
+        diagnostics["seconds"], diagnostics["steps"] = time.perf_counter() - t0, len(out[1])
+        if self.auto:
+            diagnostics["auto_steps"] = {"max_steps": int(self.max_steps),
+                                         "stopped": "levelled off" if settled(out[1]) else "max_steps"}
         return out
 
 
@@ -261,7 +288,7 @@ def _run_chunk(step, state, inputs, active, constants):
 
 
 def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, checkpoint_dir, checkpoint_every,
-               resume: bool, progress: bool, diagnostics: dict):
+               resume: bool, progress: bool, diagnostics: dict, auto: bool = False):
     """Run ``program`` from ``state`` to ``steps`` steps; returns ``(state, objective history, rate history)``.
 
     Steps run in jit-compiled ``lax.scan`` chunks of one length (``chunk_size``; padded steps
@@ -276,6 +303,14 @@ def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, che
     compiled chunk) and checkpointed as the last good one. A ``KeyboardInterrupt`` checkpoints the
     last completed chunk (when it is not on disk yet) and propagates; a Ctrl-C during a checkpoint
     write is held until the write is complete (:mod:`gpzoo.inference.checkpoint`).
+
+    ``auto=True`` (``fit(steps="auto")``; ``steps`` is then the most it may run) stops after the
+    first chunk at whose end the objective history has levelled off
+    (:func:`~gpzoo.inference.results.settled`), and checkpoints there. The test runs on the host
+    on the history each chunk already brings back (no extra device sync), and the chunks keep
+    their one compiled length, so an automatic run compiles nothing a fixed one does not. The stop
+    is a function of the history alone, so a resumed automatic run stops where the uninterrupted
+    one does.
     """
     checkpoint_every = checkpoint_every or max(1, steps // 10)
     if checkpoint_every < 1:
@@ -322,8 +357,9 @@ def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, che
     # "compiling" until the first chunk returns: its program is compiled (or read from the cache) first
     bar = tqdm(total=steps, initial=start, desc=program.label, disable=not progress, unit="step", leave=False,
                postfix="compiling")
+    levelled = auto and settled(objective_hist)  # a resumed automatic run may have levelled off already
     try:
-        while committed[0] < steps:
+        while committed[0] < steps and not levelled:
             step, state = committed
             k = min(chunk, steps - step, checkpoint_every - step % checkpoint_every)
             new_state, (objective, finite, jitters) = run_chunk(state, *chunk_inputs(step, k))
@@ -358,7 +394,8 @@ def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, che
             committed, previous = (step + k, new_state), committed
             if program.after_chunk is not None:
                 program.after_chunk(step + k, new_state)
-            if checkpoint_dir is not None and ((step + k) % checkpoint_every == 0 or step + k == steps):
+            levelled = auto and settled(objective_hist)
+            if checkpoint_dir is not None and ((step + k) % checkpoint_every == 0 or step + k == steps or levelled):
                 checkpoint(step + k, new_state)
                 saved_step = step + k
             bar.update(k)
