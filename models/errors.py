@@ -96,6 +96,8 @@ def as_float_array(x, argument: str, ndim: int | tuple[int, ...] | None = None) 
         raise DataError(argument, f"cannot be converted to an array ({exc})") from None
     if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
         raise DataError(argument, f"must be numeric, got dtype {arr.dtype}")
+    if np.issubdtype(arr.dtype, np.complexfloating):  # a cast to float would drop the imaginary parts
+        raise DataError(argument, f"must be real, got complex dtype {arr.dtype}")
     arr = arr.astype(np.float64 if arr.dtype == np.float64 else np.result_type(arr.dtype, np.float32))
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else ndim
@@ -104,6 +106,12 @@ def as_float_array(x, argument: str, ndim: int | tuple[int, ...] | None = None) 
     if not np.all(np.isfinite(arr)):
         bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
         raise DataError(argument, f"contains {bad} NaN/inf value(s)")
+    # finite here but past the range of the precision gpzoo computes in (1e39 in float32): inf after conversion
+    largest = float(np.finfo(model_float_dtype()).max)
+    if arr.size and float(np.max(np.abs(arr))) > largest:
+        bad = int(np.count_nonzero(np.abs(arr) > largest))
+        raise DataError(argument, f"contains {bad} value(s) beyond the {np.dtype(model_float_dtype()).name} range "
+                                  f"(|x| <= {largest:.4g}) gpzoo computes in; rescale the data or enable float64")
     return arr
 
 
@@ -226,6 +234,13 @@ class MissingDependencyError(GPZooError, ImportError):
         self.argument, self.package, self.extra = argument, package, extra
         super().__init__(f"{argument}: {what} needs the optional package {package!r}, which is not installed; "
                          f'install it with: pip install "gpzoo[{extra}]"', name=package)
+
+
+def model_float_dtype() -> np.dtype:
+    """The floating dtype models compute in: float64 when ``jax_enable_x64`` is on, else float32."""
+    from jax import dtypes  # noqa: PLC0415 - appended helper; the module's imports stay as they are
+
+    return np.dtype(dtypes.canonicalize_dtype(np.float64))
 
 
 class ConvergenceWarning(GPZooWarning):
