@@ -117,6 +117,14 @@ def test_groups_dims_and_coords(regression):
     assert dt.attrs["task"] == "regression" and dt.attrs["num_train"] == 40
 
 
+def test_no_internal_sites_in_the_groups(regression, binary):
+    """Only model quantities are variables: no ``jitter`` (a numerical device of the Cholesky) in any group;
+    the jitter the fit used is an attribute of ``optimization``."""
+    for dt in (regression[1], binary[1]):
+        assert not [node.path for node in dt.subtree if "jitter" in node.data_vars or "jitter" in node.coords]
+        assert "jitter" in dt.optimization.attrs
+
+
 def test_draws_match_q_and_the_conditional(regression):
     """E_s[μ(u_s)] ≈ E_q[f] and Var_s[μ(u_s)] + (Kff − Qff) ≈ Var_q[f] (law of total variance)."""
     res, _, X_test, _ = regression
@@ -247,6 +255,21 @@ def test_summary_of_svgp_rbf(regression):
     assert float(table.loc["kernel.variance", "value"]) == pytest.approx(float(res.params["kernel.variance"]), rel=1e-3)
     html = res._repr_html_()
     assert res.header() in html and "<table" in html and "q_sqrt" in html
+
+
+def test_header_names_the_objective_the_step_size_and_which_estimate(regression):
+    """The header states the learning rate's value (not only its name), and says whether its ELBO is
+    the last step's (here full-batch) value or a full-data evaluate_elbo estimate, which it then equals."""
+    from gpzoo import evaluate_elbo  # noqa: PLC0415
+
+    res, _, _, _ = regression
+    header = res.header()
+    assert header == f"svgp-rbf: ELBO {res.final_objective:.6g} after 100 steps, last learning rate 0.05"
+    estimate = evaluate_elbo(res)
+    with_estimate = res.header(estimate)
+    assert f"ELBO {estimate.elbo:.6g} ± " in with_estimate and "(full data)" in with_estimate
+    minibatch = dataclasses.replace(res, batch_size=10)
+    assert "(last step, one minibatch of 10)" in minibatch.header()
 
 
 def test_conv_model_summary_and_named_dims():

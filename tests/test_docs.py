@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import inspect
 import re
 import subprocess
 import sys
@@ -161,3 +162,37 @@ def test_site_builds_in_strict_mode(tmp_path):
     assert "ChangePoint" in kernels and "WeightedConvolutional" in kernels
     results = (site / "results" / "index.html").read_text(encoding="utf-8")
     assert "reproduce_conv.py" in results and "<table>" in results
+
+
+def _api_directives() -> dict[str, bool]:
+    """``{dotted path: whether its members are rendered}`` for every ``::: path`` of the API pages."""
+    found: dict[str, bool] = {}
+    for page in sorted((DOCS / "api").glob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        for match in re.finditer(r"^::: ([\w.]+)\n((?:[ \t]+.*\n)*)", text, flags=re.M):
+            found[match.group(1)] = found.get(match.group(1), False) or "members: false" not in match.group(2)
+    return found
+
+
+def test_every_public_name_has_a_docstring_and_an_api_page():
+    """Every function, class and module of ``gpzoo.__all__`` has a docstring, and the API reference
+    renders it: a ``::: module.name`` directive, or one for its module with its members."""
+    import gpzoo  # noqa: PLC0415
+
+    directives = _api_directives()
+    missing_doc, missing_page = [], []
+    for name in gpzoo.__all__:
+        if name.startswith("__"):
+            continue
+        obj = getattr(gpzoo, name)
+        if not (getattr(obj, "__doc__", None) or "").strip():
+            missing_doc.append(name)
+        if inspect.ismodule(obj):
+            path, module = obj.__name__, obj.__name__
+        else:
+            module = obj.__module__
+            path = f"{module}.{obj.__qualname__}"
+        if path not in directives and not directives.get(module, False):
+            missing_page.append(f"gpzoo.{name} ({path})")
+    assert missing_doc == [], f"public names without a docstring: {missing_doc}"
+    assert missing_page == [], f"public names with no page in docs/api/: {missing_page}"
