@@ -5,13 +5,19 @@ Layout of a checkpoint directory::
     config.json      model name, step, data size, seed, batch size, parameter names/shapes
     params.npz       constrained parameters by site name (readable by any NumPy user)
     state.npz        the optimiser state and PRNG key as an ordered list of leaves
-    history.npz      ELBO and learning-rate traces up to ``step``
+    history.npz      ELBO and learning-rate traces up to ``step`` (one entry per step)
 
 Every file is written to a temporary name and renamed, ``config.json`` last, and a Ctrl-C
 (SIGINT) that arrives during a write is held until all four files are in place, then raised. Each
 ``.npz`` also records the step it belongs to, so a set left mixed by a harder stop (a killed
 process) is detected on loading rather than resumed from. ``np.load(..., allow_pickle=False)``
 refuses anything that would execute code.
+
+A checkpoint is a state to resume from, so it holds finite numbers only: :func:`save_checkpoint`
+refuses to write NaN/inf parameters or objective values, and :func:`load_checkpoint` refuses
+them, and a ``history.npz`` whose traces are shorter or longer than the checkpoint's step (or
+than the shapes ``config.json`` records), with a :class:`~gpzoo.models.errors.CheckpointError`
+whose ``argument`` is the file at fault.
 """
 
 from __future__ import annotations
@@ -75,19 +81,24 @@ def sigint_deferred():
 def save_checkpoint(directory, *, params: dict, state, history: dict, config: dict) -> Path:
     """Write a checkpoint atomically into ``directory`` (created if needed); ``config["step"]`` is required."""
     directory = Path(directory)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CheckpointError(f"checkpoint_dir {str(directory)!r} cannot be created: {exc}") from None
     leaves = [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(state)]
     params_np = {k: np.asarray(v) for k, v in params.items()}
     history_np = {k: np.asarray(v) for k, v in history.items()}
     if STEP_KEY in params_np or STEP_KEY in history_np:
-        raise CheckpointError(f"{STEP_KEY!r} is reserved for the checkpoint's step")
+        raise CheckpointError(f"{STEP_KEY!r} is reserved for the checkpoint's step", argument=STEP_KEY)
+    bad = _non_finite(params_np, directory / "params.npz") or _non_finite(history_np, directory / "history.npz")
+    if bad:
+        raise CheckpointError(f"refusing to write a checkpoint in {str(directory)!r}: {bad[1]}; a checkpoint is a state "
+                              "to resume from", argument=bad[0])
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint_dir {str(directory)!r} cannot be created: {exc}", argument=str(directory)) from None
     config = dict(config)
     step = np.asarray(int(config["step"]))
     config["params"] = {k: list(v.shape) for k, v in params_np.items()}
     config["state_leaves"] = [list(leaf.shape) for leaf in leaves]
+    config["history"] = {k: list(v.shape) for k, v in history_np.items()}
     with sigint_deferred():
         atomic_write(directory / "params.npz", lambda fh: np.savez(fh, **params_np, **{STEP_KEY: step}))
         atomic_write(directory / "state.npz", lambda fh: np.savez(fh, *leaves, **{STEP_KEY: step}))
@@ -96,17 +107,29 @@ def save_checkpoint(directory, *, params: dict, state, history: dict, config: di
     return directory
 
 
+def _non_finite(arrays: dict, path: Path) -> tuple[str, str] | None:
+    """``(argument, sentence)`` about the first floating-point array of ``arrays`` with a NaN/inf
+    value (``argument``: ``"PATH:NAME"``), or None when all are finite."""
+    for name, arr in arrays.items():
+        if arr.dtype.kind in "fc" and not np.all(np.isfinite(arr)):
+            bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
+            return f"{path}:{name}", f"{path.name} holds {bad} NaN/inf value(s) in {name!r}"
+    return None
+
+
 def read_config(directory) -> dict:
     """``config.json`` of the checkpoint in ``directory``; ``CheckpointError`` when missing or corrupt."""
     path = Path(directory) / "config.json"
     try:
         config = json.loads(path.read_text())
     except FileNotFoundError:
-        raise CheckpointError(f"checkpoint in {str(directory)!r} is incomplete: config.json missing") from None
-    except (ValueError, OSError) as exc:
-        raise CheckpointError(f"checkpoint in {str(directory)!r} is corrupt: {type(exc).__name__}: {exc or 'empty file'}") from None
-    if not isinstance(config, dict) or not isinstance(config.get("step"), int):
-        raise CheckpointError(f"checkpoint in {str(directory)!r} is corrupt: config.json holds no integer 'step'")
+        raise CheckpointError(f"checkpoint in {str(directory)!r} is incomplete: config.json missing", argument=str(path)) from None
+    except (ValueError, OSError, RecursionError) as exc:
+        raise CheckpointError(f"checkpoint in {str(directory)!r} is corrupt: {type(exc).__name__}: {exc or 'empty file'}",
+                              argument=str(path)) from None
+    if not isinstance(config, dict) or type(config.get("step")) is not int or config["step"] < 0:
+        raise CheckpointError(f"checkpoint in {str(directory)!r} is corrupt: config.json holds no integer 'step'",
+                              argument=str(path))
     return config
 
 
@@ -114,10 +137,12 @@ def check_config(directory, config: dict, expect: dict) -> None:
     """``CheckpointError`` naming every ``expect`` entry that the checkpoint's ``config`` does not match
     (a missing ``method`` reads as ``"svi"``, the only method of older checkpoints)."""
     config = {"method": "svi", **config}
-    differences = [_difference(k, config.get(k), v) for k, v in expect.items() if config.get(k) != v]
-    if differences:
-        raise CheckpointError(f"checkpoint in {str(directory)!r} does not match this run: " + "; ".join(differences)
-                              + ". Resume with the same data and settings, or start a new run in another checkpoint_dir")
+    differing = [k for k, v in expect.items() if config.get(k) != v]
+    if differing:
+        raise CheckpointError(f"checkpoint in {str(directory)!r} does not match this run: "
+                              + "; ".join(_difference(k, config.get(k), expect[k]) for k in differing)
+                              + ". Resume with the same data and settings, or start a new run in another checkpoint_dir",
+                              argument=differing[0])
 
 
 def _difference(key: str, saved, now) -> str:
@@ -149,24 +174,35 @@ def load_checkpoint(directory, state_template=None, expect: dict | None = None):
     directory = Path(directory)
     steps = {}
     config = read_config(directory)
+    current = directory / "params.npz"
     try:
-        with np.load(directory / "params.npz", allow_pickle=False) as f:
+        with np.load(current, allow_pickle=False) as f:
             params = {k: f[k] for k in f.files if k != STEP_KEY}
             steps["params.npz"] = f[STEP_KEY] if STEP_KEY in f.files else None
-        with np.load(directory / "state.npz", allow_pickle=False) as f:
+        current = directory / "state.npz"
+        with np.load(current, allow_pickle=False) as f:
             leaves = [f[f"arr_{i}"] for i in range(sum(k.startswith("arr_") for k in f.files))]
             steps["state.npz"] = f[STEP_KEY] if STEP_KEY in f.files else None
-        with np.load(directory / "history.npz", allow_pickle=False) as f:
+        current = directory / "history.npz"
+        with np.load(current, allow_pickle=False) as f:
             history = {k: f[k] for k in f.files if k != STEP_KEY}
             steps["history.npz"] = f[STEP_KEY] if STEP_KEY in f.files else None
     except FileNotFoundError as exc:
-        raise CheckpointError(f"checkpoint in {str(directory)!r} is incomplete: {Path(exc.filename).name} missing") from None
+        raise CheckpointError(f"checkpoint in {str(directory)!r} is incomplete: {Path(exc.filename).name} missing",
+                              argument=str(current)) from None
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
-        raise CheckpointError(f"checkpoint in {str(directory)!r} is corrupt: {type(exc).__name__}: {exc or 'empty file'}") from None
+        raise CheckpointError(f"checkpoint in {str(directory)!r} is corrupt: {current.name}: {type(exc).__name__}: "
+                              f"{exc or 'empty file'}", argument=str(current)) from None
     mixed = {name: int(step) for name, step in steps.items() if step is not None and int(step) != config.get("step")}
     if mixed:  # files from different writes: an earlier write was cut short
         raise CheckpointError(f"checkpoint in {str(directory)!r} is inconsistent: config.json is at step "
-                              f"{config.get('step')} but {mixed} (a write was interrupted)")
+                              f"{config.get('step')} but {mixed} (a write was interrupted)",
+                              argument=str(directory / next(iter(mixed))))
+    _check_history(directory, config, history)
+    bad = _non_finite(params, directory / "params.npz") or _non_finite(history, directory / "history.npz")
+    if bad:
+        raise CheckpointError(f"checkpoint in {str(directory)!r} is not a state to resume from: {bad[1]}",
+                              argument=bad[0])
     if expect:
         check_config(directory, config, expect)
     state = None
@@ -178,9 +214,27 @@ def load_checkpoint(directory, state_template=None, expect: dict | None = None):
         if not shapes_ok:
             raise CheckpointError(
                 f"checkpoint in {str(directory)!r} does not match this model "
-                f"(saved {len(leaves)} state arrays, expected {len(template_leaves)} of other shapes)"
+                f"(saved {len(leaves)} state arrays, expected {len(template_leaves)} of other shapes)",
+                argument=str(directory / "state.npz"),
             )
         state = jax.tree_util.tree_unflatten(
             treedef, [np.asarray(s, dtype=np.asarray(t).dtype) for t, s in zip(template_leaves, leaves)]
         )
     return config, params, state, history
+
+
+def _check_history(directory: Path, config: dict, history: dict) -> None:
+    """``CheckpointError`` naming ``history.npz`` unless each trace holds one entry per step (and,
+    where ``config.json`` records them, exactly the traces and shapes written)."""
+    path = directory / "history.npz"
+    recorded = config.get("history")
+    if isinstance(recorded, dict):
+        shapes = {k: list(np.shape(v)) for k, v in history.items()}
+        if shapes != recorded:
+            raise CheckpointError(f"checkpoint in {str(directory)!r} is corrupt: history.npz holds traces {shapes}, "
+                                  f"config.json records {recorded} (shortened, truncated or replaced)", argument=str(path))
+    for name, trace in history.items():
+        if np.ndim(trace) >= 1 and len(trace) != config["step"]:
+            raise CheckpointError(f"checkpoint in {str(directory)!r} is corrupt: history.npz holds {len(trace)} entries of "
+                                  f"{name!r} but the checkpoint is at step {config['step']} (shortened or truncated)",
+                                  argument=f"{path}:{name}")

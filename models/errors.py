@@ -7,6 +7,7 @@ sees one sentence naming the offending argument instead of a traceback from insi
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -14,7 +15,31 @@ from jax import core as jax_core
 
 
 class GPZooError(Exception):
-    """Base class of every error gpzoo raises on purpose."""
+    """Base class of every error gpzoo raises on purpose.
+
+    ``argument`` names what is wrong: the argument, path, file or field (``"FILE:FIELD"``), or None
+    where nothing applies. A subclass sets it in its constructor; one constructed with a message
+    alone takes it from the message's ``"argument: ..."`` prefix when the message has one (a single
+    word, as in ``"out_dir: cannot write ..."``), else None.
+    """
+
+    argument: str | None = None
+
+    def __init__(self, *args, argument: str | None = None):
+        super().__init__(*args)
+        if argument is not None:
+            self.argument = argument
+        elif type(self).argument is None and "argument" not in self.__dict__:
+            self.argument = _leading_argument(args[0]) if len(args) == 1 else None
+
+
+#: The ``"argument: "`` prefix of an error message: one identifier (dots allowed), then a colon and a space.
+_ARGUMENT_PREFIX = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*): ")
+
+
+def _leading_argument(message) -> str | None:
+    match = _ARGUMENT_PREFIX.match(message) if isinstance(message, str) else None
+    return match.group(1) if match else None
 
 
 class InvalidArgumentError(GPZooError, ValueError):
@@ -40,16 +65,24 @@ class HyperparameterError(InvalidArgumentError):
 
 
 class CheckpointError(GPZooError, OSError):
-    """A checkpoint is missing, corrupt, or belongs to a different model."""
+    """A checkpoint is missing, corrupt, non-finite, or belongs to a different model. ``argument``
+    is the checkpoint file or folder at fault (or the setting that differs); pass it as
+    ``argument=``, else it is read from an ``"argument: ..."`` prefix of the message."""
+
+    def __init__(self, message: str, argument: str | None = None):
+        super().__init__(message, argument=None if argument is None else str(argument))
 
 
 class TrainingError(GPZooError, FloatingPointError):
-    """Training diverged (NaN/inf loss); ``step`` is the first bad step."""
+    """Training diverged (NaN/inf loss); ``step`` is the first bad step.
+
+    ``argument`` is the checkpoint written before the bad step, when there is one, else None.
+    """
 
     def __init__(self, message: str, step: int, checkpoint: str | None = None):
         self.step = step
         self.checkpoint = checkpoint
-        super().__init__(message)
+        super().__init__(message, argument=None if checkpoint is None else str(checkpoint))
 
 
 class NumericalError(TrainingError):
@@ -187,6 +220,11 @@ class ImageRangeWarning(GPZooWarning):
     """Image inputs of a convolutional model have values outside [0, 1]."""
 
 
+class UnverifiedModelWarning(GPZooWarning):
+    """A saved model predates signed manifests (format version < 3): it loads, but nothing checks
+    its ``model.json``; re-saving it signs it."""
+
+
 #: Slack on the [0, 1] range of image values (float round-off).
 UNIT_RANGE_TOLERANCE = 1e-6
 
@@ -217,12 +255,15 @@ def as_int_pair(value, argument: str, minimum: int, expected: str) -> tuple[int,
 
 
 class ModelFileError(GPZooError, OSError):
-    """A saved model (``gpzoo.save`` / ``gpzoo.load``) is missing, corrupt, from a newer format, or
-    names a class outside the allowed modules. ``path`` is the file or directory at fault."""
+    """A saved model (``gpzoo.save`` / ``gpzoo.load``) is missing, corrupt, tampered with, from a
+    newer format, or names a class outside the allowed modules. ``path`` is the file or directory
+    at fault; ``argument`` is ``path``, or ``"PATH:FIELD"`` when one field of that file is
+    (``field``, e.g. ``result.params.q_mu``)."""
 
-    def __init__(self, path, message: str):
+    def __init__(self, path, message: str, field: str | None = None):
         self.path = str(path)
-        super().__init__(f"{self.path}: {message}")
+        self.field = field
+        super().__init__(f"{self.path}: {message}", argument=self.path if field is None else f"{self.path}:{field}")
 
 
 class MissingDependencyError(GPZooError, ImportError):

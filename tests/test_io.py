@@ -18,7 +18,7 @@ from gpzoo.analysis.cli import main
 from gpzoo.inference import fit, predict
 from gpzoo.inference.io import FORMAT_VERSION, load, save
 from gpzoo.models import kernels, zoo
-from gpzoo.models.errors import InvalidArgumentError, ModelFileError
+from gpzoo.models.errors import InvalidArgumentError, ModelFileError, UnverifiedModelWarning
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -140,15 +140,40 @@ def saved(tmp_path_factory):
 def _copy(saved_dir, tmp_path):
     target = tmp_path / "copy"
     target.mkdir()
-    for name in ("model.json", "arrays.npz"):
+    for name in ("model.json", "arrays.npz", "manifest.json"):
         (target / name).write_bytes((saved_dir / name).read_bytes())
     return target
 
 
 def _edit(path, change):
+    """Change ``model.json`` as someone who also rewrites ``manifest.json`` to match would (so what
+    is refused is the content, not the checksum)."""
     document = json.loads((path / "model.json").read_text())
     change(document)
     (path / "model.json").write_text(json.dumps(document))
+    resign(path)
+
+
+def resign(path) -> None:
+    """Rewrite ``manifest.json`` over the files of ``path`` as they now are (the manifest is content-addressed, not keyed)."""
+    from gpzoo.inference.io import _file_entry, _manifest_text  # noqa: PLC0415
+
+    files = {name: _file_entry((path / name).read_bytes()) for name in ("model.json", "arrays.npz")}
+    (path / "manifest.json").write_text(_manifest_text(files))
+
+
+def as_unsigned(path, version: int, change=None) -> None:
+    """Turn the saved model in ``path`` into one of format ``version`` < 3: no manifest, the checksum of
+    ``arrays.npz`` in ``model.json``, ``change`` applied to its document."""
+    import hashlib  # noqa: PLC0415
+
+    document = json.loads((path / "model.json").read_text())
+    if change is not None:
+        change(document)
+    document.update(format_version=version, arrays="arrays.npz",
+                    arrays_sha256=hashlib.sha256((path / "arrays.npz").read_bytes()).hexdigest())
+    (path / "model.json").write_text(json.dumps(document))
+    (path / "manifest.json").unlink()
 
 
 def _refused(path, *words, named=None):
@@ -192,10 +217,10 @@ def test_a_version_1_deep_kernel_machine_still_loads(tmp_path):
         fields = document["result"]["spec"]["fields"]
         assert fields["kernel"] is None and fields["architecture"]["type"] == "gpzoo.models.dkm.DKMConfig"
         fields["kernel"] = fields.pop("architecture")
-        document["format_version"] = 1
 
-    _edit(path, as_version_1)
-    loaded = load(path)
+    as_unsigned(path, 1, as_version_1)
+    with pytest.warns(UnverifiedModelWarning, match="unverified.*overwrite=True"):
+        loaded = load(path)
     assert loaded.spec.kernel is None and loaded.spec.architecture.num_layers == 1
     _assert_same_result(res, loaded)
     _assert_same_predictions(res, loaded, X[:5])
@@ -206,8 +231,10 @@ def test_missing_arrays_and_zero_byte_files_are_refused(saved, tmp_path):
     (path / "arrays.npz").unlink()
     _refused(path, "missing", named=path / "arrays.npz")
     (path / "arrays.npz").write_bytes(b"")
-    _refused(path, "checksum", named=path / "arrays.npz")
+    _refused(path, "does not match manifest.json", named=path / "arrays.npz")
     (path / "model.json").write_bytes(b"")
+    _refused(path, "does not match manifest.json", named=path / "model.json")
+    (path / "manifest.json").unlink()
     _refused(path, "corrupt", named=path / "model.json")
     _refused(tmp_path / "nowhere", "does not exist")
     _refused(tmp_path, "model.json missing")
