@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Page", "ReportError", "check_writable", "comparison_figure", "comparison_table", "data_line", "environment",
     "fit_facts", "heldout_metrics", "hyperparameter_table", "jitter_line", "condition_line", "load_report", "netcdf_engine",
-    "ranking_table", "seeds_table", "settings_line", "unique_file_stems", "verdict",
+    "metric_notes", "ranking_table", "seeds_table", "settings_line", "unique_file_stems", "verdict",
     "read_datatree", "rebuild_report", "report", "summary_columns", "write_datatree",
 ]
 
@@ -646,7 +646,7 @@ def _fmt(value) -> str:
 
 
 #: How a reader measures the seed spread when a report has one seed per model.
-SEEDS_HINT = "fit with --seeds 0,1,2 (or seeds=[0, 1, 2] in gpzoo.compare) to measure it"
+SEEDS_HINT = "measure it with --seeds 0,1,2, or seeds=[0, 1, 2] in gpzoo.compare"
 
 
 def _convergence_clause(converged: Mapping[str, bool | None]) -> str:
@@ -666,7 +666,7 @@ def _convergence_clause(converged: Mapping[str, bool | None]) -> str:
 def _margin_sentence(margin, converged: Mapping[str, bool | None]) -> str:
     """The verdict's first sentence: the best model, its margin over the next and how sure that is."""
     one_seed = margin.num_seeds < 2
-    seeds = f"the seed spread is unknown (one seed; {SEEDS_HINT})" if one_seed else ""
+    seeds = f"the seed spread is unknown with one seed per model: {SEEDS_HINT}" if one_seed else ""
     if margin.runner_up is None:
         head = (f"{margin.best} is the only model (held-out elpd {_fmt(margin.best_elpd)} ± "
                 f"{_fmt(margin.best_elpd_se)})")
@@ -872,14 +872,23 @@ _NOTES = (
     "and larger than the seed spread when it exceeds 2 s.d./√n of its n per-seed values."
 )
 
-#: One line per calibration abbreviation the report uses.
-_CALIBRATION_NOTES = (
-    "Accuracy: share of test points whose most probable class is the true one. RMSE: root mean squared error "
-    "of the predictive mean. NLL: mean negative log predictive density of the test points (lower is better). "
-    "ECE: expected calibration error, the gap between confidence and accuracy averaged over confidence bins "
-    "(0 is perfectly calibrated). CRPS: continuous ranked probability score, the predictive's mean absolute "
-    "error against the observation (lower is better). Brier: mean squared error of the class probabilities."
-)
+#: One line per test metric of comparison.csv (``test_`` + key) the report may show.
+_METRIC_NOTES = {
+    "accuracy": "Accuracy: share of test points whose most probable class is the true one.",
+    "rmse": "RMSE: root mean squared error of the predictive mean.",
+    "nll": "NLL: mean negative log predictive density of the test points (lower is better).",
+    "ece": "ECE: expected calibration error, the gap between confidence and accuracy averaged over confidence bins "
+           "(0: calibrated).",
+    "crps": "CRPS: continuous ranked probability score, the predictive's mean absolute error against the "
+            "observation (lower is better).",
+    "brier": "Brier: mean squared error of the predicted class probabilities.",
+}
+
+
+def metric_notes(table: pd.DataFrame) -> str:
+    """One line per test metric in ``table`` (comparison.csv's columns), saying what it measures."""
+    return " ".join(note for key, note in _METRIC_NOTES.items() if f"test_{key}" in table.columns)
+
 
 _FIGURE_NOTES = (
     "PIT: probability integral transform, the predictive CDF at each test observation; uniform when the "
@@ -918,7 +927,7 @@ def _markdown(page: Page) -> str:
                   "Every run:", ""]
     parts += [_markdown_table(ranking_table(page.table)), ""]
     jitter, condition = jitter_line(page.metrics), condition_line(page.metrics)
-    parts += ([jitter, ""] if jitter else []) + ([condition, ""] if condition else []) + [_NOTES, "", _CALIBRATION_NOTES, ""]
+    parts += ([jitter, ""] if jitter else []) + ([condition, ""] if condition else []) + [_NOTES, "", metric_notes(page.table), ""]
     if not page.hyperparameters.empty:
         parts += ["## Hyperparameters", "", _TYPE_II_NOTE, "", _markdown_table(page.hyperparameters.set_index("model")), ""]
     parts += ["## Diagnostic: PSIS-LOO", "", page.loo["sentence"], "", _markdown_table(page.loo["table"]), ""]
@@ -1025,7 +1034,7 @@ def _html(page: Page, out: Path) -> str:
 {f'<p class="jitter">{html.escape(jitter)}</p>' if jitter else ''}
 {f'<p class="notes">{html.escape(condition)}</p>' if condition else ''}
 <p class="notes">{html.escape(_NOTES)}</p>
-<p class="notes">{html.escape(_CALIBRATION_NOTES)}</p>
+<p class="notes">{html.escape(metric_notes(page.table))}</p>
 {hyper}
 {_figures_html(by_section["ranking"], out)}
 <h2>Diagnostic: PSIS-LOO</h2>

@@ -118,7 +118,15 @@ def test_report_shows_parameter_tables_and_rebuilds_them(fits, tmp_path):
     for name, res in fits.items():
         assert res.header() in first
     assert "<h2>Parameters</h2>" in first and "kernel.lengthscale" in first and "q_sqrt" in first
-    assert "## Parameters" in (tmp_path / "report.md").read_text(encoding="utf-8")
+    markdown = (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert "## Parameters" in markdown
+    # what a reader may not know, explained where it appears: signs, metrics, type-II, p_loo, good_k, PIT
+    for term in ("ΔELBO and held-out Δelpd: each model's value minus the best model's", "RMSE: ", "NLL: ",
+                 "Type-II (maximum likelihood)", "p_loo: ", "can be negative", "good_k: ", "PIT: "):
+        assert term in markdown and html.escape(term) in first, term
+    assert "ECE: " not in markdown  # regression: no classification metrics to explain
+    headline = markdown.split("**")[1]  # the CLI prints this
+    assert headline.startswith("Best: rbf, ahead of linear by held-out Δelpd ") and "--seeds" in headline
     (tmp_path / "report.html").unlink()
     rebuilt = rebuild_report(tmp_path).read_text(encoding="utf-8")
     assert all(rebuilt.count(f"<summary>{html.escape(res.header())}</summary>") == 1 for res in fits.values())
