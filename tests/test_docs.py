@@ -12,6 +12,7 @@ import ast
 import importlib
 import importlib.util
 import inspect
+import os
 import re
 import subprocess
 import sys
@@ -150,7 +151,7 @@ def test_site_builds_in_strict_mode(tmp_path):
     site = tmp_path / "site"
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(REPO / "mkdocs.yml"),
                            "--site-dir", str(site)], cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"})
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     pages = ["index.html", "results/index.html", "references/index.html", "models/convolutional/index.html",
              "workflows/compare/index.html", "notebooks/explore/index.html",
@@ -196,3 +197,61 @@ def test_every_public_name_has_a_docstring_and_an_api_page():
             missing_page.append(f"gpzoo.{name} ({path})")
     assert missing_doc == [], f"public names without a docstring: {missing_doc}"
     assert missing_page == [], f"public names with no page in docs/api/: {missing_page}"
+
+
+def _getting_started_blocks(language: str) -> list[str]:
+    text = (DOCS / "index.md").read_text(encoding="utf-8")
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
+
+
+def _gpzoo_commands() -> list[list[str]]:
+    """The getting-started page's ``.venv/bin/gpzoo ...`` command lines (after any ``scripts/setup &&``),
+    as argument lists for this environment's ``gpzoo`` script."""
+    commands = []
+    for block in _getting_started_blocks("bash"):
+        for line in block.splitlines():
+            line = line.split("#", 1)[0].strip()
+            line = re.sub(r"^scripts/setup(\s+--\w+)*\s*&&\s*", "", line)
+            if line.startswith(".venv/bin/gpzoo "):
+                commands.append([str(Path(sys.executable).parent / "gpzoo"), *line.split()[1:]])
+    return commands
+
+
+def test_getting_started_python_runs_as_written(tmp_path):
+    """Every ```python block of the getting-started page, run in order as one script, exactly as a
+    reader would paste it; its first fit classifies the rectangles (test error below 10 %)."""
+    blocks = _getting_started_blocks("python")
+    assert blocks, "the getting-started page has no Python example"
+    script = tmp_path / "getting_started.py"
+    script.write_text("\n".join(blocks), encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    error = float(re.search(r"^test error ([0-9.]+)$", proc.stdout, flags=re.M).group(1))
+    assert error < 0.1, proc.stdout
+    assert re.search(r"^weighted-conv: ELBO -?[0-9.]+ \(last step, one minibatch of 100\) after 500 steps, last learning rate 0\.01$",
+                     proc.stdout, flags=re.M), proc.stdout[:500]
+
+
+def test_getting_started_commands_exist_and_the_quick_ones_run(tmp_path):
+    """Every gpzoo command line of the getting-started page parses with the installed CLI; the quick
+    ones (list) run as written. The fits run in the benchmark test below."""
+    from gpzoo.analysis.cli import build_parser  # noqa: PLC0415
+
+    commands = _gpzoo_commands()
+    assert any(c[1] == "compare" for c in commands), "the page shows no gpzoo compare"
+    for command in commands:
+        build_parser().parse_args(command[1:])  # SystemExit (exit 2) on an unknown option or choice
+        if command[1] == "list":
+            proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+            assert proc.returncode == 0 and "Models:" in proc.stdout, proc.stderr
+
+
+@pytest.mark.benchmark
+def test_getting_started_commands_run_as_written(tmp_path):
+    """The getting-started page's gpzoo commands, fits included, as written (in a scratch folder)."""
+    for command in _gpzoo_commands():
+        proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=1800,
+                              env={**os.environ, "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg"})
+        assert proc.returncode == 0, (command, proc.stderr[-3000:])
+    assert (tmp_path / "reports" / "rectangles" / "report.html").is_file()
