@@ -289,7 +289,8 @@ def _read_manifest(directory: Path) -> dict | None:
     path = directory / MANIFEST_FILE
     if not os.path.lexists(path):
         return None
-    manifest = _parse_json(_read_bytes(path, MAX_MANIFEST_BYTES), path)
+    data = _read_bytes(path, MAX_MANIFEST_BYTES)
+    manifest = _parse_json(data, path)
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise ModelFileError(path, f"not a gpzoo model manifest (format is not {MANIFEST_FORMAT!r})", field="format")
     version = manifest.get("manifest_version")
@@ -302,13 +303,15 @@ def _read_manifest(directory: Path) -> dict | None:
     body = {k: v for k, v in manifest.items() if k != "sha256"}
     try:
         actual = hashlib.sha256(_canonical(body)).hexdigest()
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # e.g. a non-ASCII key that ensure_ascii escapes: no hash matches it
         actual = None
     if claimed != actual:
         raise ModelFileError(path, "its own SHA-256 does not match its contents (edited or corrupt)", field="sha256")
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
         raise ModelFileError(path, "corrupt: no table of files", field="files")
+    if _manifest_text(files).encode("ascii") != data:  # every byte counts, layout included
+        raise ModelFileError(path, "not in the layout gpzoo.save writes (edited or corrupt)")
     for name, entry in files.items():
         _inside(directory, name, path, f"files.{name}")
         if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and _HEX64.fullmatch(entry["sha256"])
@@ -353,7 +356,7 @@ def _read_bytes(path: Path, limit: int) -> bytes:
         if info.st_size > limit:
             raise ModelFileError(path, f"too large ({info.st_size} bytes; at most {limit} are read)")
         with open(path, "rb") as fh:
-            data = fh.read(limit + 1)
+            data = fh.read(info.st_size + 1)  # what stat reported (a read of `limit` bytes would allocate them)
     except FileNotFoundError:
         raise ModelFileError(path, "missing") from None
     except OSError as exc:

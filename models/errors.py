@@ -19,8 +19,9 @@ class GPZooError(Exception):
 
     ``argument`` names what is wrong: the argument, path, file or field (``"FILE:FIELD"``), or None
     where nothing applies. A subclass sets it in its constructor; one constructed with a message
-    alone takes it from the message's ``"argument: ..."`` prefix when the message has one (a single
-    word, as in ``"out_dir: cannot write ..."``), else None.
+    alone takes it from the argument its message starts with, when it starts with one (a single
+    word followed by a colon, as in ``"out_dir: cannot write ..."``, or by a quoted value, as in
+    ``"checkpoint_dir '/runs/a' does not exist"``), else None.
     """
 
     argument: str | None = None
@@ -33,8 +34,9 @@ class GPZooError(Exception):
             self.argument = _leading_argument(args[0]) if len(args) == 1 else None
 
 
-#: The ``"argument: "`` prefix of an error message: one identifier (dots allowed), then a colon and a space.
-_ARGUMENT_PREFIX = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*): ")
+#: The argument an error message starts with: one identifier (dots allowed), then a colon and a
+#: space (``"steps: ..."``) or a space and a quoted value (``"checkpoint_dir '/runs/a' does not exist"``).
+_ARGUMENT_PREFIX = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)(?:: | ['\"])")
 
 
 def _leading_argument(message) -> str | None:

@@ -238,9 +238,9 @@ def test_a_header_claiming_a_huge_array_is_refused_without_allocating(saved, tmp
         tracemalloc.stop()
     assert peak < 64 << 20, peak  # far below the 8 TiB claimed
     # a header that disagrees with what model.json declares
-    _set_param(path, "q_mu", np.zeros((5, 1)))
+    _set_param(path, "q_mu", np.zeros((1, 5)))
     document = _document(path)
-    document["result"]["params"]["q_mu"]["shape"] = [4, 1]
+    document["result"]["params"]["q_mu"]["shape"] = [1, 4]
     _rewrite(path, document)
     _refused(path, path / "model.json", "declared with shape", field="result.params.q_mu")
 
@@ -332,12 +332,13 @@ def test_a_rewritten_model_json_is_still_type_checked(saved, tmp_path, change):
     assert info.value.argument.startswith(f"{path / 'model.json'}:result"), info.value.argument
 
 
-@pytest.mark.parametrize(("name", "value"), [("q_mu", np.full((4, 1), np.nan)), ("q_mu", np.zeros((5, 1))),
-                                             ("q_mu", np.zeros((4, 2))), ("q_sqrt", np.zeros((1, 4))),
-                                             ("q_sqrt", np.where(np.eye(4) > 0, np.inf, 0.0)[None])])
-def test_variational_parameters_of_the_wrong_shape_or_non_finite_are_refused(saved, tmp_path, name, value):
+@pytest.mark.parametrize(("name", "value"), [("q_mu", np.full((1, 4), np.nan)), ("q_mu", np.zeros((1, 5))),
+                                             ("q_mu", np.zeros((2, 4))), ("q_sqrt", np.zeros((4, 4))),
+                                             ("q_sqrt", np.where(np.eye(4) > 0, np.inf, 0.0)[None]),
+                                             ("kernel.lengthscale", np.array(np.nan))])
+def test_parameters_of_the_wrong_shape_or_non_finite_are_refused(saved, tmp_path, name, value):
     path = _copy(saved[1], tmp_path / "m")
-    assert saved[0].params["q_mu"].shape == (4, 1) and saved[0].params["q_sqrt"].shape == (1, 4, 4)
+    assert saved[0].params["q_mu"].shape == (1, 4) and saved[0].params["q_sqrt"].shape == (1, 4, 4)
     _set_param(path, name, value)
     _refused(path, path / "model.json", name, field=f"result.params.{name}")
 
