@@ -1,6 +1,6 @@
 """The documentation site: it builds in strict mode, and its examples cannot drift from the API.
 
-The build needs the docs extra (``scripts/setup --docs``) and is skipped without it; the checks of
+The build needs the docs packages (the test and docs extras) and is skipped without them; the checks of
 the examples need only gpzoo: every ```python block in ``docs/`` parses, every ``gpzoo`` module and
 name it imports exists, every ``gpzoo.a.b`` it uses resolves, and every ``zoo.get("name", key=...)``
 names a registered model and options that model takes.
@@ -12,12 +12,14 @@ import ast
 import importlib
 import importlib.util
 import inspect
+import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,15 +146,22 @@ def test_every_page_is_in_the_nav():
     assert listed - pages - generated == set(), "nav entries without a page"
 
 
-def test_site_builds_in_strict_mode(tmp_path):
+@pytest.fixture(scope="module")
+def built_site(tmp_path_factory):
+    """The site, built once per module in strict mode: ``(returncode, output, site folder)``."""
     for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python", "mkdocs_jupyter"):
         if importlib.util.find_spec(module.split(".")[0]) is None or importlib.util.find_spec(module) is None:
             pytest.skip(f"{module} is not installed (the docs extra: scripts/setup --docs)")
-    site = tmp_path / "site"
+    site = tmp_path_factory.mktemp("docs") / "site"
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(REPO / "mkdocs.yml"),
                            "--site-dir", str(site)], cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc.returncode, proc.stdout[-4000:] + proc.stderr[-4000:], site
+
+
+def test_site_builds_in_strict_mode(built_site):
+    returncode, output, site = built_site
+    assert returncode == 0, output
     pages = ["index.html", "results/index.html", "references/index.html", "models/convolutional/index.html",
              "workflows/compare/index.html", "notebooks/explore/index.html",
              *(f"api/{name}/index.html" for name in ("gpzoo", "kernels", "likelihoods", "zoo", "inference", "analysis"))]
@@ -255,3 +264,49 @@ def test_getting_started_commands_run_as_written(tmp_path):
                               env={**os.environ, "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg"})
         assert proc.returncode == 0, (command, proc.stderr[-3000:])
     assert (tmp_path / "reports" / "rectangles" / "report.html").is_file()
+
+
+_SITE_PROBE = """
+<script>
+window.addEventListener("load", () => {
+  const width = window.innerWidth;
+  const content = document.querySelector(".md-content").getBoundingClientRect();
+  const result = {viewport: width, scrollWidth: document.documentElement.scrollWidth,
+                  contentLeft: content.left, contentRight: content.right,
+                  headings: document.querySelectorAll(".md-content h1, .md-content h2").length};
+  const pre = document.createElement("pre");
+  pre.id = "probe";
+  pre.textContent = JSON.stringify(result);
+  document.body.appendChild(pre);
+});
+</script>
+"""
+
+
+@pytest.mark.parametrize("page", ["index.html", "api/gpzoo/index.html"])
+def test_site_pages_fit_a_1280px_screen(built_site, page, tmp_path):
+    """The home page and an API page, rendered by headless Chromium at 1,280 px: no sideways scroll,
+    the content column inside the window, and a screenshot that is not blank."""
+    from PIL import Image  # noqa: PLC0415 - matplotlib's dependency
+    from test_report_browser import BROWSER, _browser  # noqa: PLC0415 - the report's browser helpers
+
+    if BROWSER is None:
+        pytest.skip("no headless Chromium installed (Debian: apt-get install chromium)")
+    returncode, output, site = built_site
+    assert returncode == 0, output
+    path = site / page
+    probe = path.with_name("probe-" + path.name)  # beside the page, so its relative assets load
+    probe.write_text(path.read_text(encoding="utf-8").replace("</body>", _SITE_PROBE + "</body>"), encoding="utf-8")
+    proc = _browser("--window-size=1280,900", "--dump-dom", probe.as_uri())
+    found = re.search(r'<pre id="probe">(.*?)</pre>', proc.stdout, re.S)
+    assert found, f"the browser printed no measurements (exit {proc.returncode}): {proc.stderr[-500:]}"
+    m = json.loads(found.group(1).replace("&quot;", '"'))
+    assert m["viewport"] == 1280
+    assert m["scrollWidth"] <= 1280, f"{page} scrolls sideways: {m['scrollWidth']} px of content in a 1280 px window"
+    assert 0 <= m["contentLeft"] < m["contentRight"] <= 1280.5, m
+    assert m["headings"] >= 1, m
+    shot = tmp_path / "page.png"
+    proc = _browser("--window-size=1280,900", f"--screenshot={shot}", path.as_uri())
+    assert shot.is_file(), proc.stderr[-500:]
+    pixels = np.asarray(Image.open(shot).convert("L"), dtype=float)
+    assert pixels.shape == (900, 1280) and pixels.std() > 10, "the screenshot is blank"
