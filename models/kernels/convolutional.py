@@ -30,7 +30,9 @@ Conventions, each in one place:
   (:class:`ConvolutionProducts` or :class:`MatmulProducts`, van der Wilk et al. 2017, App. A.2).
 
 Hot paths. Kuf for a stationary base kernel uses ‖x_p‖² − 2 x_p·z + ‖z‖² (van der Wilk et al. 2017, eq. A.5)
-(never an ``[N, P, M, E]`` broadcast). For the SE base kernel it is :func:`se_patch_cross_sum`,
+(never an ``[N, P, M, E]`` broadcast), on values from which an offset shared by all of them has
+been taken (:func:`offset_reference`: pixel values 1000 ± 1 would otherwise cancel away the
+differences in float32). For the SE base kernel it is :func:`se_patch_cross_sum`,
 a ``jax.custom_vjp``: matmul, exp and the weighted sum over patches in one fusion forward, and
 one chunked pass over K = exp(−½r²) for all gradients backward (no ``[N, P, M]`` array either
 way); other stationary kernels take both inner products from the strategy and plain autodiff
@@ -79,6 +81,7 @@ __all__ = [
     "MultiChannelConvolutional",
     "WeightedConvolutional",
     "extract_patches",
+    "offset_reference",
     "patch_gram_sum",
     "patch_sqdist",
     "se_patch_cross_sum",
@@ -91,6 +94,29 @@ KUF_METHODS = ("auto", "fused", "autodiff")
 #: Target number of elements of one ``[R, block, P]`` tile of the Kff diagonal (see benchmarks/conv_kernels.py).
 KFF_TILE_ELEMENTS = 2**22
 _HIGHEST = jax.lax.Precision.HIGHEST  # distances by expansion need full-precision dots (no TF32 on GPUs)
+
+
+def offset_reference(parts, axes):
+    """A common point to subtract from every part before distances by expansion: ``[1, ..., K]``.
+
+    ``parts``: arrays whose trailing axes line up (images and filters, patches and inducing
+    patches), reduced over their leading ``axes`` to one value per remaining position. Where the
+    values' mean is larger than their spread (max − min), i.e. where they share an offset (pixel
+    values 1000 ± 1), it is that mean; elsewhere 0, so inputs near the origin (images in [0, 1])
+    are left exactly as they are. Distances are unchanged by any common shift, and subtracting the
+    reference is exact for values near it, so ‖x‖² − 2 x·z + ‖z‖² then cancels only up to the
+    spread of the values, not their magnitude. A constant of the computation (``stop_gradient``):
+    gradients are those of the uncentred inputs.
+    """
+    parts = [p for p in parts if p.size]
+    if not parts:
+        return 0.0
+    count = sum(math.prod(p.shape[a] for a in axes) for p in parts)
+    total = sum(jnp.sum(p, axis=axes, keepdims=True) for p in parts)
+    top = functools.reduce(jnp.maximum, [jnp.max(p, axis=axes, keepdims=True) for p in parts])
+    bottom = functools.reduce(jnp.minimum, [jnp.min(p, axis=axes, keepdims=True) for p in parts])
+    mean = total / count
+    return jax.lax.stop_gradient(jnp.where(jnp.abs(mean) > top - bottom, mean, jnp.zeros_like(mean)))
 
 
 # ----------------------------------------------------------------------------- patches
@@ -155,9 +181,12 @@ def patch_sqdist(images, filters, lengthscale, products=ConvolutionProducts()):
 
     images ``[B, H, W, C]``, filters ``[F, h, w, C]``; ``lengthscale`` is a scalar or one value
     per patch element (ARD over the h·w·C positions). Both ‖x^[p]/ℓ‖² (the squared image
-    against a window of 1/ℓ²) and x^[p]·z/ℓ² are inner products computed by ``products``.
+    against a window of 1/ℓ²) and x^[p]·z/ℓ² are inner products computed by ``products``, after
+    a pixel offset shared by images and filters is taken off each channel (:func:`offset_reference`).
     """
     h, w, C = filters.shape[1:]
+    reference = offset_reference([images, filters], (0, 1, 2))  # [1, 1, 1, C]  a shared pixel offset, per channel
+    images, filters = images - reference, filters - reference  # [B, H, W, C], [F, h, w, C]
     inv_l2 = jnp.broadcast_to(1.0 / jnp.asarray(lengthscale, filters.dtype) ** 2, (h * w * C,))  # [E]
     inv_l2 = inv_l2.reshape(1, h, w, C)  # [1, h, w, C]
     cross = products(images, filters * inv_l2)  # [B, P, F]
@@ -301,12 +330,16 @@ def se_patch_cross_sum(patches, Z, weights, chunk_rows: int | None = None, *, le
     ``jax.custom_vjp``: the forward pass is one fused matmul–exp–sum (van der Wilk et al. 2017, eq. A.5, never an
     ``[R, P, M]`` array); the backward pass recomputes K in chunks of ``chunk_rows`` rows (default:
     about :data:`KUF_CHUNK_ELEMENTS` elements) and reads each chunk once for all gradients that are
-    needed (symbolic zeros: data patches that are not differentiated cost nothing). First-order
+    needed (symbolic zeros: data patches that are not differentiated cost nothing). An offset
+    shared by patches and inducing patches is taken off first (:func:`offset_reference`), so the
+    expansion and the gradients' sums cancel only up to the spread of the values. First-order
     reverse mode only (no forward mode, no Hessians).
     """
     patches = jnp.asarray(patches)
     dtype = patches.dtype
     Z = jnp.asarray(Z, dtype)
+    reference = offset_reference([patches.reshape(-1, patches.shape[-1]), Z], (0,))  # [1, E]  a shared offset
+    patches, Z = patches - reference, Z - reference  # [R, P, E], [M, E]
     weights = jnp.broadcast_to(jnp.asarray(weights, dtype), patches.shape[1:2])  # [P]
     lengthscale = jnp.asarray(1.0 if lengthscale is None else lengthscale, dtype)  # [] or [E]
     return _se_cross(patches, Z, lengthscale, weights, chunk_rows)  # [R, M]
@@ -613,10 +646,14 @@ def se_patch_gram_sum(U, weights, block_size: int | None = None, *, lengthscale=
     ``[R, P, P]`` array. With the data patches not differentiated and a scalar lengthscale the
     gradients are scalars per row (no K·(w∘U) products at all). ``block_size`` fixes the side
     of the square Gram blocks. ``distinct``: sweep each image over its distinct patches when they
-    are few (exact; ``kff_method="distinct"``). First-order reverse mode only (no forward mode, no
-    Hessians).
+    are few (exact; ``kff_method="distinct"``). A row whose patches share an offset (pixel values
+    1000 ± 1) is first centred on it (:func:`offset_reference`). First-order reverse mode only (no
+    forward mode, no Hessians).
     """
     U = jnp.asarray(U)
+    # an offset per row and element (0 for images near the origin, so the distinct sweep's test for
+    # constant patches sees them as they are); TICK's location columns need their own
+    U = U - offset_reference([U], (1,))  # [R, P, E]
     weights = jnp.broadcast_to(jnp.asarray(weights, U.dtype), U.shape[:2])  # [R, P]
     lengthscale = jnp.asarray(1.0 if lengthscale is None else lengthscale, U.dtype)  # [] or [E]
     return _se_gram(U, lengthscale, weights, block_size, bool(distinct))
