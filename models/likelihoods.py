@@ -50,7 +50,7 @@ from numpyro.distributions import constraints
 
 from gpzoo.models import draws
 from gpzoo.models.errors import DataError, HyperparameterError, InvalidArgumentError, as_float_array, is_concrete
-from gpzoo.models.parameters import Fixed, Parameterised, hyper, pytree_dataclass, static
+from gpzoo.models.parameters import Fixed, Parameterised, check_hyperparameter, hyper, pytree_dataclass, static
 
 __all__ = ["Bernoulli", "Gaussian", "Likelihood", "OneHotGaussian", "Poisson", "RobustMax", "Softmax"]
 
@@ -330,8 +330,10 @@ class Poisson(Likelihood):
     task: ClassVar[str] = "count"
 
     def __post_init__(self):
-        if not np.isfinite(self.binsize) or self.binsize <= 0:
-            raise InvalidArgumentError("binsize", f"must be positive and finite, got {self.binsize!r}")
+        # a static constant, checked like a hyperparameter: in the model's precision (1e39 is inf in float32)
+        check_hyperparameter(self.binsize, "binsize")
+        if np.ndim(self.binsize) != 0:
+            raise HyperparameterError("binsize", f"must be one positive number, got shape {np.shape(self.binsize)}")
         _check_num_points(self.num_gauss_hermite, "num_gauss_hermite")
         super().__post_init__()
 

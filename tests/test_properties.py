@@ -295,3 +295,53 @@ def _cli(tmp_path_factory, case):
 
 
 test_cli_bad_arguments_exit_with_one_error_line, test_cli_large = _property("cli", {"case": cli_calls()})(_cli)
+
+
+# ----------------------------------------------------------------------------- kernel and likelihood constructors
+def _constructors():
+    from gpzoo.models import kernels, likelihoods  # noqa: PLC0415
+    from gpzoo.models.kernels.invariant import LocalDeformation, RotationAugmentation  # noqa: PLC0415
+
+    return {
+        "SquaredExponential": (kernels.SquaredExponential, ("lengthscale", "variance")),
+        "Matern32": (kernels.Matern32, ("lengthscale", "variance")),
+        "RationalQuadratic": (kernels.RationalQuadratic, ("lengthscale", "variance", "alpha")),
+        "Periodic": (kernels.Periodic, ("lengthscale", "variance", "period")),
+        "Cosine": (kernels.Cosine, ("lengthscale", "variance")),
+        "Gaussian": (likelihoods.Gaussian, ("noise_variance",)),
+        "Poisson": (likelihoods.Poisson, ("binsize",)),
+        "RotationAugmentation": (functools.partial(RotationAugmentation, (4, 4)), ("max_angle",)),
+        "LocalDeformation": (functools.partial(LocalDeformation, (4, 4)), ("max_angle", "displacement")),
+    }
+
+
+#: Values no positive hyperparameter accepts, in float32 (the library's default precision): strings, complex
+#: numbers, values past float32's range, values that round to 0 in it, non-positive, non-finite and boolean values.
+BAD_HYPERPARAMETERS = st.sampled_from(["1.0", "abc", b"1", 1 + 2j, np.complex64(1.0), [1.0, 2j], 1e39, np.float64(-1e39),
+                                       [1.0, 1e39], 1e-50, -1, -0.5, 0, 0.0, [1.0, -1.0], float("nan"), float("inf"),
+                                       True, object(), np.array(["1.0"])])
+
+
+@st.composite
+def constructor_calls(draw):
+    name = draw(st.sampled_from(sorted(_constructors())))
+    field = draw(st.sampled_from(_constructors()[name][1]))
+    return name, field, draw(BAD_HYPERPARAMETERS)
+
+
+def _constructor(case):
+    """Construction in float32 with one bad hyperparameter raises a gpzoo error that names the field."""
+    import jax  # noqa: PLC0415
+
+    from gpzoo.models.errors import InvalidArgumentError  # noqa: PLC0415
+
+    name, field, value = case
+    jax.config.update("jax_enable_x64", False)  # the autouse fixture of conftest.py restores the flag
+    constructor = _constructors()[name][0]
+    with pytest.raises(InvalidArgumentError) as info:
+        constructor(**{field: value})
+    assert info.value.argument.split(".")[-1] == field and field in str(info.value), (case, info.value)
+
+
+test_constructors_refuse_bad_hyperparameters_by_name, test_constructors_large = _property(
+    "cheap", {"case": constructor_calls()})(_constructor)
