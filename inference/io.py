@@ -41,9 +41,10 @@ against the SHA-256 in ``model.json``), with an :class:`~gpzoo.models.errors.Unv
 saying that ``model.json`` is unverified and how to re-save it signed. A ``model.json`` of
 version 3 or later without its manifest is refused.
 
-Writes are atomic per file (temporary name, then rename; ``arrays.npz`` first, ``model.json``
-next, ``manifest.json`` last): a save cut short leaves either the previous model or files that
-do not match the manifest, which :func:`load` refuses.
+Writes are atomic per file (temporary name, then rename; ``arrays.npz`` first, then
+``manifest.json``, which already names the hash of the ``model.json`` to come, and ``model.json``
+last, so that its presence marks a finished save): a save cut short leaves either the previous
+model or files that do not match the manifest, which :func:`load` refuses.
 """
 
 from __future__ import annotations
@@ -236,11 +237,11 @@ def save(result: FitResult, path, *, overwrite: bool = False) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
         with sigint_deferred():
             atomic_write(directory / ARRAYS_FILE, lambda fh: np.savez(fh, **encoder.arrays))
-            atomic_write(directory / MODEL_FILE, lambda fh: fh.write(model_bytes))
             files = {MODEL_FILE: _file_entry(model_bytes),
                      ARRAYS_FILE: {"sha256": _sha256(directory / ARRAYS_FILE), "size": (directory / ARRAYS_FILE).stat().st_size}}
             manifest = _manifest_text(files).encode("ascii")
             atomic_write(directory / MANIFEST_FILE, lambda fh: fh.write(manifest))
+            atomic_write(directory / MODEL_FILE, lambda fh: fh.write(model_bytes))  # last: a model.json marks a finished save
     except OSError as exc:
         raise ModelFileError(directory, f"cannot write the model: {exc.strerror or exc}") from None
     return directory
@@ -781,10 +782,8 @@ def _rebuild(document: dict, model_file: Path, arrays: _Arrays) -> FitResult:
         _check_values(values, decoder)
         family = build_family(values["spec"], values["inducing"], values["num_latent"])
         result = FitResult(**values, family=family)
-        _check_params(result, decoder)
         _prepare_hyper_guide(result)
-        _check_params(result, decoder, hyper_guide=True)
-        _check_prediction(result, decoder)
+        _check_model(result, decoder)
     except ModelFileError:
         raise
     except Exception as exc:  # noqa: BLE001 - whatever the rebuilt model refuses, the file is at fault
@@ -822,47 +821,38 @@ def _check_values(values: dict, decoder: _Decoder) -> None:
             decoder.fail(f"params.{name}", f"parameter {name!r} holds {bad} NaN/inf value(s) of {arr.size}")
 
 
-def _check_params(result: FitResult, decoder: _Decoder, hyper_guide: bool = False) -> None:
-    """Every ``numpyro.param`` site the family declares (``family.parts()``, or with ``hyper_guide``
-    its guide over sampled hyperparameters) is in ``params`` with the declared shape. Traced only."""
-    from numpyro.handlers import seed, trace  # noqa: PLC0415
-
-    family = result.family
-    if hyper_guide:
-        guide = getattr(family, "hyper_guide", None)
-        if guide is None:
-            return
-        X1, y1 = jnp.asarray(result.X_train[:1]), jnp.asarray(result.y_train[:1], float_dtype())
-        program = functools.partial(guide, X1, y1, result.num_data)
-    else:
-        program = family.parts
-
-    def declared():
-        tr = trace(seed(program, rng_seed=0)).get_trace()
-        return {name: site["value"] for name, site in tr.items() if site["type"] == "param"}
-
-    for name, shape in jax.eval_shape(declared).items():
-        if name not in result.params:
-            decoder.fail("params", f"the model declares the parameter {name!r}, which the file does not hold "
-                                   f"(a kernel, likelihood or structure other than the one fitted?)")
-        stored = np.shape(result.params[name])
-        if stored != tuple(shape.shape):
-            decoder.fail(f"params.{name}", f"parameter {name!r} has shape {stored}; the model declares {tuple(shape.shape)}")
-
-
-def _check_prediction(result: FitResult, decoder: _Decoder) -> None:
-    """Trace ``predict``'s computation on two training rows (shapes only): a model that cannot
+def _check_model(result: FitResult, decoder: _Decoder) -> None:
+    """One trace (shapes only: nothing is computed or compiled): every ``numpyro.param`` site the
+    family declares (``family.parts()`` and its guide over sampled hyperparameters, if any) is in
+    ``params`` with the declared shape, and ``predict``'s computation runs on two training rows
+    with the loaded parameters, giving ``num_latent`` values per point. A model that cannot
     predict is refused here rather than in ``predict``."""
+    from numpyro.handlers import seed, substitute, trace  # noqa: PLC0415
+
     family, params = result.family, result.params
+    programs = [family.parts]
+    guide = getattr(family, "hyper_guide", None)
+    if guide is not None:
+        X1, y1 = jnp.asarray(result.X_train[:1]), jnp.asarray(result.y_train[:1], float_dtype())
+        programs.append(functools.partial(guide, X1, y1, result.num_data))
     X = jnp.asarray(result.X_train[:2], float_dtype())
 
-    def moments():
+    def traced():
+        for program in programs:
+            for name, site in trace(seed(program, rng_seed=0)).get_trace().items():
+                if site["type"] != "param":
+                    continue
+                if name not in params:
+                    decoder.fail("params", f"the model declares the parameter {name!r}, which the file does not hold "
+                                           "(a kernel, likelihood or structure other than the one fitted?)")
+                declared, stored = tuple(np.shape(site["value"])), tuple(np.shape(params[name]))
+                if stored != declared:
+                    decoder.fail(f"params.{name}", f"parameter {name!r} has shape {stored}; the model declares {declared}")
         key = jax.random.PRNGKey(0)
-        with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=key):
+        with substitute(data=params), seed(rng_seed=key):
             return family.predictive_moments(family.parts(), X, key)
 
-    out = jax.eval_shape(moments)
-    mean = out[0]
+    mean = jax.eval_shape(traced)[0]
     if tuple(mean.shape) != (X.shape[0], result.num_latent):
         decoder.fail("num_latent", f"the model predicts {tuple(mean.shape)[1:]} latent values per point, "
                                    f"not num_latent = {result.num_latent}")

@@ -190,6 +190,33 @@ def test_a_model_saved_before_manifests_loads_with_a_warning_and_resaves_signed(
         _refused(path, path / "model.json", "refusing", field="arrays")
 
 
+def test_a_save_cut_short_leaves_no_model_json_or_a_refused_set(saved, tmp_path, monkeypatch):
+    """model.json is written last (the manifest already names its hash), so its presence marks a
+    finished save; a save over a model that stops before it leaves files the manifest refuses."""
+    import dataclasses  # noqa: PLC0415
+
+    import gpzoo.inference.io as io_module  # noqa: PLC0415
+
+    res, _ = saved
+    target = save(res, tmp_path / "m")
+    write = io_module.atomic_write
+
+    def cut_short(path, writer):
+        if path.name == "model.json":
+            raise OSError(28, "No space left on device")
+        write(path, writer)
+
+    monkeypatch.setattr(io_module, "atomic_write", cut_short)
+    with pytest.raises(ModelFileError, match="No space left"):
+        save(dataclasses.replace(res, seed=res.seed + 1), target, overwrite=True)
+    with pytest.raises(ModelFileError):
+        save(res, tmp_path / "fresh")
+    monkeypatch.undo()
+    _refused(target, target / "model.json", "does not match manifest.json")
+    assert not (tmp_path / "fresh" / "model.json").exists()
+    _refused(tmp_path / "fresh", tmp_path / "fresh" / "model.json", "missing")
+
+
 # ----------------------------------------------------------------------------- paths
 @pytest.mark.parametrize("escape", ["/etc/passwd", "../other/arrays.npz", "notes/../../arrays.npz", "./arrays.npz",
                                     "C:/x.npz", "a\\..\\b"])
