@@ -13,6 +13,7 @@ variational parameter; :meth:`FitResult.parameter_info` is the same information 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
 import math
 from typing import Any
@@ -132,6 +133,13 @@ def _mad_sd(x: np.ndarray) -> float:
     return _MAD_TO_SD * float(np.median(np.abs(x - np.median(x))))
 
 
+@functools.lru_cache(maxsize=None)
+def _quadratic_hat(k: int) -> np.ndarray:
+    """The ``[k, k]`` matrix that maps k equally spaced values to their least-squares quadratic."""
+    design = np.vander(np.linspace(-1.0, 1.0, k), min(3, k))
+    return design @ np.linalg.pinv(design)
+
+
 def _detrended(x: np.ndarray) -> np.ndarray:
     """``x`` less its least-squares line (what is left of a sequence once its steady change is removed)."""
     t = np.arange(x.size, dtype=float)
@@ -139,7 +147,8 @@ def _detrended(x: np.ndarray) -> np.ndarray:
     return x - x.mean() - t * (float(t @ (x - x.mean())) / float(t @ t))
 
 
-def assess_convergence(history, *, z: float = CONVERGENCE_Z, rtol: float = CONVERGENCE_RTOL) -> Convergence:
+def assess_convergence(history, *, z: float = CONVERGENCE_Z, rtol: float = CONVERGENCE_RTOL,
+                       estimate: bool = True) -> Convergence:
     """Whether the objective trace ``history`` (maximised; one value per step) has levelled off.
 
     With n values, the tail window is the last w = max(10, ⌈n/4⌉) values, and the window before it the w before those:
@@ -175,7 +184,7 @@ def assess_convergence(history, *, z: float = CONVERGENCE_Z, rtol: float = CONVE
 
     A trace that pauses on a plateau before rising again (a saddle: e.g. while the noise variance
     shrinks before the lengthscale moves) looks level while it pauses; no test of the trace alone
-    can tell the two apart.
+    can tell the two apart. ``estimate=False`` skips the steps-needed estimate (``steps_needed`` None).
     """
     y = np.asarray(history, dtype=float).ravel()
     n = int(y.size)
@@ -188,14 +197,15 @@ def assess_convergence(history, *, z: float = CONVERGENCE_Z, rtol: float = CONVE
     noise = _mad_sd(np.diff(y[n - 2 * w:], 2)) / math.sqrt(6.0)
     spread = max(noise, _mad_sd(_detrended(tail)))
     # batch medians: the tail in blocks; their scatter about a smooth curve includes noise correlated over a block
-    blocks = np.array([np.median(b) for b in np.array_split(tail, min(CONVERGENCE_BLOCKS, w))])
-    t = np.linspace(-1.0, 1.0, blocks.size)
-    scatter = _mad_sd(blocks - np.polyval(np.polyfit(t, blocks, 2), t))
+    k = min(CONVERGENCE_BLOCKS, w)
+    blocks = np.median(tail[w - k * (w // k):].reshape(k, w // k), axis=1)
+    scatter = _mad_sd(blocks - _quadratic_hat(k) @ blocks)
     stderr = math.sqrt(2.0) * max(_MEDIAN_SE * spread / math.sqrt(w), scatter / math.sqrt(blocks.size))
     progress = float(np.median(tail) - np.median(y[:w]))
     threshold = max(z * stderr, rtol * max(progress, 0.0))
     converged = bool(rise <= threshold)
-    steps_needed, at_least = (None, False) if converged else _steps_needed(y, w, rise, stderr, progress, z, rtol)
+    steps_needed, at_least = ((None, False) if converged or not estimate
+                              else _steps_needed(y, w, rise, stderr, progress, z, rtol))
     return Convergence(converged, n, w, rise, noise, stderr, progress, threshold, steps_needed, at_least)
 
 
@@ -209,7 +219,8 @@ def settled(history) -> bool:
     A function of the history alone: a resumed run stops where the uninterrupted one does.
     """
     y = np.asarray(history, dtype=float).ravel()
-    return bool(assess_convergence(y).converged) and bool(assess_convergence(y[:(3 * y.size) // 4]).converged)
+    return bool(assess_convergence(y, estimate=False).converged) and bool(
+        assess_convergence(y[:(3 * y.size) // 4], estimate=False).converged)
 
 
 def _steps_needed(y: np.ndarray, w: int, rise: float, stderr: float, progress: float, z: float,
