@@ -133,7 +133,7 @@ def _add_fit_options(parser, *, data_default):
                         help=f"dataset name (see `gpzoo list`){'' if data_default is None else f'; default {data_default}'}")
     parser.add_argument("--out", required=True, type=Path, help="output directory of the report")
     parser.add_argument("--steps", type=_steps, default=DEFAULTS["steps"],
-                        help="optimisation steps per model, or 'auto': until its objective levels off, at most 10,000 "
+                        help="optimisation steps per model, or 'auto': until its objective levels off (500 to 10,000) "
                              "(default %(default)s); a model that ends before it levels off is named after the table")
     parser.add_argument("--batch-size", type=_positive_int, default=DEFAULTS["batch_size"],
                         help="minibatch size, capped at the training-set size (default %(default)s)")

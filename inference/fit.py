@@ -151,8 +151,8 @@ def fit(
     (:class:`~gpzoo.models.errors.ConvergenceWarning`, naming the model and the steps it likely
     needs). ``steps="auto"`` runs until the objective levels off
     (:func:`~gpzoo.inference.results.settled`, tested after every chunk of ``chunk_size`` steps),
-    at most ``max_steps`` (default 10,000; it bounds only an ``"auto"`` run); the steps run are
-    ``len(result.objective_history)``.
+    at least 500 and at most ``max_steps`` steps (default 10,000; it bounds only an ``"auto"``
+    run); the steps run are ``len(result.objective_history)``.
 
     Data larger than memory: ``X`` may be a :class:`~gpzoo.inference.data.MemmapSource`
     (``open_npy(X_path, y_path)``; ``y=None`` takes the source's targets). Its rows are checked

@@ -23,7 +23,7 @@ import numpy as np
 from gpzoo.models.parameters import Fixed, Parameterised
 from gpzoo.models.zoo import ModelSpec
 
-__all__ = ["CONVERGENCE_MIN_VALUES", "Convergence", "ElboEstimate", "FitResult", "ParameterInfo", "Prediction",
+__all__ = ["AUTO_MIN_STEPS", "CONVERGENCE_MIN_VALUES", "Convergence", "ElboEstimate", "FitResult", "ParameterInfo", "Prediction",
            "assess_convergence", "settled"]
 
 #: Roles of a parameter (:attr:`ParameterInfo.role`).
@@ -73,6 +73,9 @@ CONVERGENCE_BLOCKS = 10
 CONVERGENCE_Z = 3.0
 #: Share of the run's own progress the tail's rise may reach and still count as level.
 CONVERGENCE_RTOL = 0.01
+#: Fewest steps a ``fit(steps="auto")`` run takes before it may stop (:func:`settled`): a
+#: weighted-conv fit on rectangles sits on a plateau from step 20 to 60 before it climbs.
+AUTO_MIN_STEPS = 500
 #: Longest run the steps-needed estimate extrapolates to, in multiples of the steps run.
 _EXTRAPOLATE_MAX = 100.0
 _MAD_TO_SD = 1.4826  # σ of a Gaussian over its median absolute deviation
@@ -210,16 +213,19 @@ def assess_convergence(history, *, z: float = CONVERGENCE_Z, rtol: float = CONVE
 
 
 def settled(history) -> bool:
-    """The stopping rule of ``fit(steps="auto")``: the trace has levelled off (:func:`assess_convergence`)
-    at its end and had already at three quarters of its length.
+    """The stopping rule of ``fit(steps="auto")``: the trace holds at least :data:`AUTO_MIN_STEPS`
+    values, has levelled off (:func:`assess_convergence`) at its end, and had already at three
+    quarters of its length.
 
     The second verdict asks the objective to have stayed level over the last ~60 % of the run
-    (the earlier verdict compares [3n/8, 9n/16) with [9n/16, 3n/4)), so that a short pause on a
-    plateau (a saddle, which any test of the trace alone mistakes for the end) stops nothing.
-    A function of the history alone: a resumed run stops where the uninterrupted one does.
+    (the earlier verdict compares [3n/8, 9n/16) with [9n/16, 3n/4)), and the minimum length keeps
+    the windows long, so that a pause on a plateau (a saddle, which any test of the trace alone
+    mistakes for the end; early in a fit, e.g. before the kernel's lengthscale moves, they are
+    common) stops nothing. A function of the history alone: a resumed run stops where the
+    uninterrupted one does.
     """
     y = np.asarray(history, dtype=float).ravel()
-    return bool(assess_convergence(y, estimate=False).converged) and bool(
+    return y.size >= AUTO_MIN_STEPS and bool(assess_convergence(y, estimate=False).converged) and bool(
         assess_convergence(y[:(3 * y.size) // 4], estimate=False).converged)
 
 

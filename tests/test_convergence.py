@@ -16,7 +16,7 @@ from gpzoo.analysis import cli
 from gpzoo.inference import fit, load, save
 from gpzoo.inference.checkpoint import load_checkpoint
 from gpzoo.inference.programs import CompileCounter
-from gpzoo.inference.results import CONVERGENCE_MIN_VALUES, assess_convergence, settled
+from gpzoo.inference.results import AUTO_MIN_STEPS, CONVERGENCE_MIN_VALUES, assess_convergence, settled
 from gpzoo.models import zoo
 from gpzoo.models.errors import ConvergenceWarning, InvalidArgumentError
 
@@ -94,13 +94,15 @@ def test_short_or_non_finite_traces_get_no_verdict():
 
 
 def test_a_pause_on_a_plateau_does_not_stop_an_automatic_run():
-    # a first rise (τ = 40), a pause from step ~250 (a saddle), then a second rise from step 450
-    t = np.arange(4000.0)
-    y = 50 * -np.expm1(-t / 40) + 50 * -np.expm1(-np.clip(t - 450, 0, None) / 150)
+    # a first rise (τ = 100), a pause from step ~600 (a saddle), then a second rise from step 1125
+    t = np.arange(10000.0)
+    y = 50 * -np.expm1(-t / 100) + 50 * -np.expm1(-np.clip(t - 1125, 0, None) / 375)
     y += 0.2 * np.random.default_rng(0).normal(size=t.size)
-    assert assess_convergence(y[:450]).converged is True  # while it pauses, no test of the trace can tell
-    assert not any(settled(y[:n]) for n in range(CHUNK, 451, CHUNK))  # the stopping rule waits
+    assert assess_convergence(y[:1125]).converged is True  # while it pauses, no test of the trace can tell
+    assert not any(settled(y[:n]) for n in range(CHUNK, 1126, CHUNK))  # the stopping rule waits
     assert settled(y)
+    # and never stops before AUTO_MIN_STEPS, however level the start (weighted-conv pauses from step 20 to 60)
+    assert not settled(np.zeros(AUTO_MIN_STEPS - 1)) and settled(np.zeros(AUTO_MIN_STEPS))
 
 
 # ----------------------------------------------------------------------------- fits
