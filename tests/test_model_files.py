@@ -410,8 +410,9 @@ def _paths(value, prefix=()):
 @given(data=st.data())
 def test_random_changes_to_model_json_give_only_model_file_errors(saved, data):
     """Any subtree of model.json replaced by random JSON (tags, classes and arrays included) and the
-    manifest recomputed: the model loads, or a ModelFileError comes out; never another exception."""
-    _, source = saved
+    manifest recomputed: the model loads, or a ModelFileError comes out; never another exception.
+    A model that loads predicts finite values at training inputs (or refuses them with a GPZooError)."""
+    res, source = saved
     document = _document(source)
     paths = list(_paths(document))
     where = data.draw(st.sampled_from(paths), label="path")
@@ -427,10 +428,16 @@ def test_random_changes_to_model_json_give_only_model_file_errors(saved, data):
         path = _copy(source, Path(folder) / "m")
         _rewrite(path, json.dumps(document))
         try:
-            load(path)
+            loaded = load(path)
         except ModelFileError as error:
             assert error.path.startswith(str(path)) and error.argument is not None
+            return
         # anything else propagates and fails the test
+    try:
+        prediction = predict(loaded, res.X_train[:3])
+    except GPZooError:
+        return
+    assert np.all(np.isfinite(prediction.f_mean)) and np.all(np.isfinite(prediction.f_var))
 
 
 # ----------------------------------------------------------------------------- errors
