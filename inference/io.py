@@ -373,8 +373,11 @@ def _verify(path: Path, entry: dict, data: bytes | None = None) -> None:
     if data is None:
         if path.is_symlink() or not path.is_file():
             raise ModelFileError(path, f"missing or not a regular file ({MANIFEST_FILE} lists it)")
-        size = path.stat().st_size
-        digest = _sha256(path) if size == entry["size"] else None
+        try:
+            size = path.stat().st_size
+            digest = _sha256(path) if size == entry["size"] else None
+        except OSError as exc:
+            raise ModelFileError(path, f"cannot be read ({exc.strerror or exc})") from None
     else:
         size, digest = len(data), hashlib.sha256(data).hexdigest()
     if size != entry["size"] or digest != entry["sha256"]:
@@ -667,16 +670,21 @@ def _type_text(hint) -> str:
 
 
 def _model_directory(path) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise ModelFileError(path, f"not a path: expected a model folder (str or os.PathLike), got {type(path).__name__}")
     directory = Path(path)
-    if directory.name in (MODEL_FILE, MANIFEST_FILE) and directory.is_file() and not directory.is_symlink():
-        directory = directory.parent
-    if directory.is_symlink():
-        raise ModelFileError(directory, f"refusing a symbolic link as a model folder (pass the folder it points to, "
-                                        f"{str(directory.resolve())!r})")
-    if not directory.exists():
-        raise ModelFileError(directory, "no saved model there (path does not exist)")
-    if not directory.is_dir():
-        raise ModelFileError(directory, "not a saved gpzoo model (not a folder)")
+    try:
+        if directory.name in (MODEL_FILE, MANIFEST_FILE) and directory.is_file() and not directory.is_symlink():
+            directory = directory.parent
+        if directory.is_symlink():
+            raise ModelFileError(directory, f"refusing a symbolic link as a model folder (pass the folder it points "
+                                            f"to, {str(directory.resolve())!r})")
+        if not directory.exists():
+            raise ModelFileError(directory, "no saved model there (path does not exist)")
+        if not directory.is_dir():
+            raise ModelFileError(directory, "not a saved gpzoo model (not a folder)")
+    except (OSError, ValueError) as exc:  # e.g. a NUL byte in the name, a folder that cannot be read
+        raise ModelFileError(directory, f"cannot be read ({type(exc).__name__}: {exc})") from None
     return directory
 
 

@@ -217,6 +217,14 @@ def test_a_save_cut_short_leaves_no_model_json_or_a_refused_set(saved, tmp_path,
     _refused(tmp_path / "fresh", tmp_path / "fresh" / "model.json", "missing")
 
 
+def test_what_is_not_a_model_folder_is_refused(tmp_path):
+    for path in (None, 3, tmp_path / "a\x00b"):
+        with pytest.raises(ModelFileError):
+            load(path)
+    (tmp_path / "file").write_text("x")
+    _refused(tmp_path / "file", tmp_path / "file", "not a folder")
+
+
 # ----------------------------------------------------------------------------- paths
 @pytest.mark.parametrize("escape", ["/etc/passwd", "../other/arrays.npz", "notes/../../arrays.npz", "./arrays.npz",
                                     "C:/x.npz", "a\\..\\b"])
