@@ -304,7 +304,7 @@ def _read_manifest(directory: Path) -> dict | None:
     body = {k: v for k, v in manifest.items() if k != "sha256"}
     try:
         actual = hashlib.sha256(_canonical(body)).hexdigest()
-    except (TypeError, ValueError):  # e.g. a non-ASCII key that ensure_ascii escapes: no hash matches it
+    except (TypeError, ValueError):  # e.g. a number such as 1e999, which parses as inf: no hash matches it
         actual = None
     if claimed != actual:
         raise ModelFileError(path, "its own SHA-256 does not match its contents (edited or corrupt)", field="sha256")
