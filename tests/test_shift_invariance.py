@@ -255,3 +255,22 @@ def test_regression_shifted_by_1e4_reaches_the_unshifted_rmse_in_float32(float32
         rmse[c] = float(np.sqrt(np.mean((mean - np.sin(X_test[:, 0])) ** 2)))
     assert rmse[0.0] <= 0.1, rmse
     assert rmse[1e4] <= 1.1 * rmse[0.0] + 0.01, rmse
+
+
+@pytest.mark.parametrize("columns", [2, 8], ids=["direct", "matmul"])
+def test_a_row_of_the_second_argument_does_not_depend_on_the_rows_beside_it(float32, columns):
+    """Centring takes its reference from the first argument (inducing points, training inputs): in a block of
+    prediction rows, a row gets the same bits whatever the other rows of the block are (padding included;
+    blocks of one shape, as predictions use: a matmul of another shape may sum in another order)."""
+    rng = np.random.default_rng(7)
+    Z = jnp.asarray(rng.normal(size=(6, columns)) + 1e3, jnp.float32)
+    X = jnp.asarray(rng.normal(size=(9, columns)) + 1e3, jnp.float32)
+    for kernel in (kernels.SquaredExponential(lengthscale=0.7), kernels.Periodic(period=1.7), kernels.Cosine(lengthscale=3.0)):
+        padded = jnp.concatenate([X[:4], jnp.zeros_like(X[4:])])  # zero rows, as a padded block
+        np.testing.assert_array_equal(kernel.K(Z, X)[:, :4], kernel.K(Z, padded)[:, :4])
+    conv = Convolutional(_se(), GREY, PATCH, kuf_method="fused")
+    images = jnp.asarray(rng.uniform(0, 1, (5, 36)) + 1e3, jnp.float32)
+    inducing = jnp.asarray(rng.uniform(0, 1, (4, 9)) + 1e3, jnp.float32)
+    padded = jnp.concatenate([images[:2], jnp.zeros_like(images[2:])])
+    np.testing.assert_array_equal(conv.Kzx(inducing, images)[:, :, :2], conv.Kzx(inducing, padded)[:, :, :2])
+    np.testing.assert_array_equal(conv.K_diag(images)[:2], conv.K_diag(padded)[:2])

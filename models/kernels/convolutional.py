@@ -30,9 +30,9 @@ Conventions, each in one place:
   (:class:`ConvolutionProducts` or :class:`MatmulProducts`, van der Wilk et al. 2017, App. A.2).
 
 Hot paths. Kuf for a stationary base kernel uses ‖x_p‖² − 2 x_p·z + ‖z‖² (van der Wilk et al. 2017, eq. A.5)
-(never an ``[N, P, M, E]`` broadcast), on values from which an offset shared by all of them has
-been taken (:func:`offset_reference`: pixel values 1000 ± 1 would otherwise cancel away the
-differences in float32). For the SE base kernel it is :func:`se_patch_cross_sum`,
+(never an ``[N, P, M, E]`` broadcast), on values from which an offset shared by the inducing
+patches has been taken (:func:`offset_reference`: pixel values 1000 ± 1 would otherwise cancel
+away the differences in float32). For the SE base kernel it is :func:`se_patch_cross_sum`,
 a ``jax.custom_vjp``: matmul, exp and the weighted sum over patches in one fusion forward, and
 one chunked pass over K = exp(−½r²) for all gradients backward (no ``[N, P, M]`` array either
 way); other stationary kernels take both inner products from the strategy and plain autodiff
@@ -99,14 +99,15 @@ _HIGHEST = jax.lax.Precision.HIGHEST  # distances by expansion need full-precisi
 def offset_reference(parts, axes):
     """A common point to subtract from every part before distances by expansion: ``[1, ..., K]``.
 
-    ``parts``: arrays whose trailing axes line up (images and filters, patches and inducing
-    patches), reduced over their leading ``axes`` to one value per remaining position. Where the
-    values' mean is larger than their spread (max − min), i.e. where they share an offset (pixel
-    values 1000 ± 1), it is that mean; elsewhere 0, so inputs near the origin (images in [0, 1])
-    are left exactly as they are. Distances are unchanged by any common shift, and subtracting the
-    reference is exact for values near it, so ‖x‖² − 2 x·z + ‖z‖² then cancels only up to the
-    spread of the values, not their magnitude. A constant of the computation (``stop_gradient``):
-    gradients are those of the uncentred inputs.
+    ``parts``: arrays whose trailing axes line up, reduced over their leading ``axes`` to one
+    value per remaining position. Where the values' mean is larger than their spread (max − min),
+    i.e. where they share an offset (pixel values 1000 ± 1), it is that mean; elsewhere 0, so
+    inputs near the origin (images in [0, 1]) are left exactly as they are. Distances are unchanged
+    by any common shift, and subtracting the reference is exact for values near it, so
+    ‖x‖² − 2 x·z + ‖z‖² then cancels only up to the spread of the values, not their magnitude. A
+    constant of the computation (``stop_gradient``): gradients are those of the uncentred inputs.
+    Callers take it from the inducing patches (Kuf) or from one image's own patches (Kff), never
+    from a batch of images, so an image's values do not depend on the images beside it.
     """
     parts = [p for p in parts if p.size]
     if not parts:
@@ -182,10 +183,10 @@ def patch_sqdist(images, filters, lengthscale, products=ConvolutionProducts()):
     images ``[B, H, W, C]``, filters ``[F, h, w, C]``; ``lengthscale`` is a scalar or one value
     per patch element (ARD over the h·w·C positions). Both ‖x^[p]/ℓ‖² (the squared image
     against a window of 1/ℓ²) and x^[p]·z/ℓ² are inner products computed by ``products``, after
-    a pixel offset shared by images and filters is taken off each channel (:func:`offset_reference`).
+    a pixel offset shared by the filters is taken off each channel of both (:func:`offset_reference`).
     """
     h, w, C = filters.shape[1:]
-    reference = offset_reference([images, filters], (0, 1, 2))  # [1, 1, 1, C]  a shared pixel offset, per channel
+    reference = offset_reference([filters], (0, 1, 2))  # [1, 1, 1, C]  a pixel offset shared by the filters, per channel
     images, filters = images - reference, filters - reference  # [B, H, W, C], [F, h, w, C]
     inv_l2 = jnp.broadcast_to(1.0 / jnp.asarray(lengthscale, filters.dtype) ** 2, (h * w * C,))  # [E]
     inv_l2 = inv_l2.reshape(1, h, w, C)  # [1, h, w, C]
@@ -331,14 +332,14 @@ def se_patch_cross_sum(patches, Z, weights, chunk_rows: int | None = None, *, le
     ``[R, P, M]`` array); the backward pass recomputes K in chunks of ``chunk_rows`` rows (default:
     about :data:`KUF_CHUNK_ELEMENTS` elements) and reads each chunk once for all gradients that are
     needed (symbolic zeros: data patches that are not differentiated cost nothing). An offset
-    shared by patches and inducing patches is taken off first (:func:`offset_reference`), so the
+    shared by the inducing patches is taken off both first (:func:`offset_reference`), so the
     expansion and the gradients' sums cancel only up to the spread of the values. First-order
     reverse mode only (no forward mode, no Hessians).
     """
     patches = jnp.asarray(patches)
     dtype = patches.dtype
     Z = jnp.asarray(Z, dtype)
-    reference = offset_reference([patches.reshape(-1, patches.shape[-1]), Z], (0,))  # [1, E]  a shared offset
+    reference = offset_reference([Z], (0,))  # [1, E]  an offset shared by the inducing patches
     patches, Z = patches - reference, Z - reference  # [R, P, E], [M, E]
     weights = jnp.broadcast_to(jnp.asarray(weights, dtype), patches.shape[1:2])  # [P]
     lengthscale = jnp.asarray(1.0 if lengthscale is None else lengthscale, dtype)  # [] or [E]

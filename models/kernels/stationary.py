@@ -2,12 +2,16 @@
 
 Squared distances never depend on where the inputs sit, only on their differences: a shared offset
 (a year axis, a sensor reading 1000 ± 1) changes a kernel value by no more than the rounding of the
-inputs themselves. Both sides are first centred on a common reference point (the mean of all rows
-of X and Y, a constant of the computation without gradient). With a few input columns
-(≤ :data:`DIRECT_MAX_DIM`) the distances are then summed from differences column by column; with
-more, by a matmul, ‖x‖² − 2 x·y + ‖y‖² (van der Wilk et al. 2017, App. A.2), whose cancellation
-is then bounded by the spread of the inputs instead of their magnitude. Neither form builds an
-``[N, M, D]`` array. ``lengthscale`` may be a scalar or one value per input dimension (ARD).
+inputs themselves. With a few input columns (≤ :data:`DIRECT_MAX_DIM`) the distances are summed
+from differences column by column. With more they come from a matmul, ‖x‖² − 2 x·y + ‖y‖²
+(van der Wilk et al. 2017, App. A.2), after both sides are centred on a common reference point
+(:func:`centred`), so that its cancellation is bounded by the spread of the inputs instead of
+their magnitude. Neither form builds an ``[N, M, D]`` array. ``lengthscale`` may be a scalar or one
+value per input dimension (ARD).
+
+A row of the second argument meets the same arithmetic whatever other rows come with it (the
+reference is taken from the first argument: the inducing points of Kuf, the training inputs of a
+prediction), so predictions in blocks, padded or not, are equal bit for bit.
 """
 
 from __future__ import annotations
@@ -41,37 +45,40 @@ DIRECT_MAX_DIM = 4
 
 
 def centred(X, Y):
-    """``X`` ``[N, D]`` and ``Y`` ``[M, D]`` less a common reference point, the mean of all their rows.
+    """``X`` ``[N, D]`` and ``Y`` ``[M, D]`` less a common reference point, the mean of the rows of ``X``.
 
     The reference is a constant of the computation (``stop_gradient``): every function of
     differences x − y is unchanged by it, so gradients with respect to X and Y are those of the
     uncentred inputs. Subtracting it is exact for inputs within a factor of two of it (Sterbenz),
-    so a shared offset is removed before anything can round away the differences. Costs
-    O((N + M)·D).
+    so a shared offset is removed before anything can round away the differences. It is taken
+    from ``X`` alone, so that each row of ``Y`` is treated alike whatever rows ``Y`` holds besides
+    (blocks and padding change nothing). Costs O((N + M)·D).
     """
-    count = max(X.shape[0] + Y.shape[0], 1)
-    reference = jax.lax.stop_gradient((jnp.sum(X, axis=0) + jnp.sum(Y, axis=0)) / count)  # [D]
+    reference = jax.lax.stop_gradient(jnp.sum(X, axis=0) / max(X.shape[0], 1))  # [D]
     return X - reference, Y - reference  # [N, D], [M, D]
 
 
 def scaled_sqdist(X, Y, lengthscale):
     """Squared distances ``[N, M]`` between ``X/ℓ`` ``[N, D]`` and ``Y/ℓ`` ``[M, D]``, shift-invariant.
 
-    Both sides are centred on a common reference (:func:`centred`). With at most
-    :data:`DIRECT_MAX_DIM` columns the distances are sums of squared differences, one column at a
-    time (identical points are at distance exactly 0). With more, a matmul expansion on the centred
-    inputs; there values below its rounding error (a few ulps of ‖x‖² + ‖y‖²) are set to 0, so
-    identical points are at distance exactly 0 too; otherwise kernels that take a square root
-    (Matérn) would turn a 1e-16 rounding error into a 1e-8 error on the diagonal.
+    With at most :data:`DIRECT_MAX_DIM` columns the distances are sums of squared scaled
+    differences ((x_d − y_d)/ℓ_d)², one column at a time: no cancellation, identical points at
+    distance exactly 0. With more, a matmul expansion on inputs centred on a common reference
+    (:func:`centred`); there values below its rounding error (a few ulps of ‖x‖² + ‖y‖²) are set
+    to 0, so identical points are at distance exactly 0 too; otherwise kernels that take a square
+    root (Matérn) would turn a 1e-16 rounding error into a 1e-8 error on the diagonal.
     """
+    D = X.shape[-1]
+    if D <= DIRECT_MAX_DIM:
+        dtype = jnp.result_type(X, Y, lengthscale)
+        inverse = jnp.broadcast_to(1.0 / jnp.asarray(lengthscale, dtype), (D,))  # [D]
+        r2 = jnp.zeros((X.shape[0], Y.shape[0]), dtype)  # [N, M]
+        for d in range(D):
+            r2 = r2 + ((X[:, d, None] - Y[None, :, d]) * inverse[d]) ** 2  # [N, M]
+        return r2
     X, Y = centred(X, Y)
     Xs = X / lengthscale  # [N, D]
     Ys = Y / lengthscale  # [M, D]
-    if Xs.shape[-1] <= DIRECT_MAX_DIM:
-        r2 = jnp.zeros((Xs.shape[0], Ys.shape[0]), jnp.result_type(Xs, Ys))  # [N, M]
-        for d in range(Xs.shape[-1]):
-            r2 = r2 + (Xs[:, d, None] - Ys[None, :, d]) ** 2  # [N, M]
-        return r2
     cross = Xs @ Ys.T  # [N, M]
     norms = jnp.sum(Xs**2, -1)[:, None] + jnp.sum(Ys**2, -1)[None, :]  # [N, M]
     r2 = norms - 2.0 * cross  # [N, M]
