@@ -344,7 +344,6 @@ class DeepConvSVGP(SVGP):
     def model(self, X, y=None, num_data=None, data_indices=None):
         """The generative program of the module docstring for a minibatch X ``[B, D]`` (y ``[B]`` or None)."""
         parts = self.prior_parts()
-        numpyro.deterministic("jitter", parts.jitter)
         v_hidden = [numpyro.sample(hidden_inducing_site(i), layer.prior()) for i, layer in enumerate(parts.hidden, start=1)]
         u = numpyro.sample(U_SITE, self.prior(parts))  # [K, M]
         batch = X.shape[0]
@@ -372,4 +371,5 @@ class DeepConvSVGP(SVGP):
         batch = X.shape[0]
         with data_plate(num_data, batch):
             h = self._hidden_sites(parts, X, v_hidden)
-            numpyro.sample(F_SITE, self._latent(parts, h, u))
+            if y is not None:  # without y the model draws f from the same conditional (SVGP.guide)
+                numpyro.sample(F_SITE, self._latent(parts, h, u))

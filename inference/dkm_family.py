@@ -258,10 +258,10 @@ class DeepKernelMachine(SVGP):
         """The generative program of the module docstring for a minibatch X ``[B, D]`` (y ``[B]`` or None)."""
         network = self.network_params()
         likelihood = self.spec.likelihood.realise(LIKELIHOOD_SITE)
-        K, L, jitter, aux, ok = self.network(network, X, self._skr_noise())
-        numpyro.deterministic("jitter", jitter)
-        for i in range(self.config.num_layers):
-            numpyro.factor(f"{GRAM_KL_SITE}.{_layer_site(i)}", -self.config.layer_nu(i) * aux["kl"][dkm.layer_name(i)])
+        K, L, _, aux, ok = self.network(network, X, self._skr_noise())
+        if y is not None:  # the Gram matrices' tempered prior scores a fit; a prediction draws nothing from it
+            for i in range(self.config.num_layers):
+                numpyro.factor(f"{GRAM_KL_SITE}.{_layer_site(i)}", -self.config.layer_nu(i) * aux["kl"][dkm.layer_name(i)])
         with self._output_kl_weight():
             u = numpyro.sample(U_SITE, InducingPrior(L[None], self.num_latent, False))  # [L, P]
         batch = X.shape[0]
@@ -285,7 +285,8 @@ class DeepKernelMachine(SVGP):
             u = numpyro.sample(U_SITE, InducingPosterior(q_mu, q_sqrt, "full"))  # [L, P]
         batch = X.shape[0]
         with data_plate(num_data, batch):
-            numpyro.sample(F_SITE, self._conditional_distribution(K, L, ok, u))  # [B, L]
+            if y is not None:  # without y the model draws f from the same p(f | u) (SVGP.guide)
+                numpyro.sample(F_SITE, self._conditional_distribution(K, L, ok, u))  # [B, L]
 
     def _output_kl_weight(self):
         """Scales the u site's log densities by w_out = ``output_kl_weight`` (so the bound's KL(q(u) ‖ p(u)) by it)."""

@@ -160,7 +160,6 @@ class SVGP:
         positions in the training set (``needs_data_indices``).
         """
         parts = self.prior_parts()
-        numpyro.deterministic("jitter", parts.jitter)
         u = numpyro.sample(U_SITE, self.prior(parts))  # [L, GM]
         batch = X.shape[0]
         infer = {}
@@ -180,7 +179,12 @@ class SVGP:
                     numpyro.sample(name, fn)
 
     def guide(self, X, y=None, num_data=None, data_indices=None):
-        """q(θ) (sampled hyperparameters, if any), q(u), and f from the model's conditional p(f | u)."""
+        """q(θ) (sampled hyperparameters, if any), q(u), and f from the model's conditional p(f | u).
+
+        f is a guide site only when y is given (the bound scores it against the model's f); without y
+        the model draws f ~ p(f | u) itself, the same conditional, so ``Predictive(model, guide=guide)``
+        returns f with y.
+        """
         hyper = self.hyper_guide(X, y, num_data) if self.hyper_guide is not None else {}
         q_mu, q_sqrt = self.variational_params()
         u = numpyro.sample(U_SITE, InducingPosterior(q_mu, q_sqrt, self.spec.q_structure))  # [L, GM]
@@ -189,7 +193,8 @@ class SVGP:
             parts = self.prior_parts()
         batch = X.shape[0]
         with data_plate(num_data, batch):
-            numpyro.sample(F_SITE, self._latent(parts, X, u))  # [B, L]
+            if y is not None:
+                numpyro.sample(F_SITE, self._latent(parts, X, u))  # [B, L]
             if y is not None and self.auxiliary_sites:
                 posterior = dataclasses.replace(parts, q_mu=q_mu, q_sqrt=q_sqrt)
                 for name, fn in self.auxiliary_guide(posterior, X, y, data_indices, rows_in(num_data, batch)).items():

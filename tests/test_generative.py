@@ -101,10 +101,6 @@ def test_predictive_draws_y_with_the_data_shape(name):
 PREDICTIVE_MODELS = ["svgp-rbf", "svgp-logistic-pg", "dkm"]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "the model emits a 'jitter' deterministic site (and the DKM its 'gram_kl' factors), and the guide's 'f' "
-    "sample site hides the model's f from Predictive's default return sites; the sites are emitted in "
-    "inference/svgp.py, inference/deep_conv.py and inference/dkm_family.py"))
 @pytest.mark.parametrize("name", PREDICTIVE_MODELS)
 def test_default_predictive_returns_y_and_f_and_no_internal_sites(name):
     """``Predictive(res.family.model, guide=res.family.guide, params=res.params, num_samples=S)(key, X_new)``
