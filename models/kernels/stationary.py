@@ -70,7 +70,7 @@ def scaled_sqdist(X, Y, lengthscale):
     """
     D = X.shape[-1]
     if D <= DIRECT_MAX_DIM:
-        dtype = jnp.result_type(X, Y, lengthscale)
+        dtype = jnp.result_type(X, Y, lengthscale, 1.0)  # integer inputs and lengthscales compute in floats
         inverse = jnp.broadcast_to(1.0 / jnp.asarray(lengthscale, dtype), (D,))  # [D]
         r2 = jnp.zeros((X.shape[0], Y.shape[0]), dtype)  # [N, M]
         for d in range(D):
