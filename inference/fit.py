@@ -232,8 +232,13 @@ def predict(res: FitResult, X_new, *, num_samples: int = 0, seed: int = 0, batch
 
     ``num_samples`` > 0 also returns joint-marginal draws of f* ``[S, N, L]`` (independent per
     point). Models with sampled hyperparameters average over ``num_hyper_samples`` guide draws
-    (mixture moments).
+    (mixture moments). A :class:`~gpzoo.inference.mcmc.SampleResult` of ``gpzoo.sample`` predicts
+    with the mixture over its MCMC draws (:meth:`~gpzoo.inference.mcmc.SampleResult.predict`).
     """
+    from gpzoo.inference.mcmc import SampleResult  # noqa: PLC0415 - only needed here
+
+    if isinstance(res, SampleResult):
+        return res.predict(X_new, batch_size=batch_size)
     _check_result(res)
     if isinstance(X_new, MemmapSource):
         source = check_new_source(res, X_new)

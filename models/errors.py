@@ -297,3 +297,13 @@ class ConvergenceWarning(GPZooWarning):
                  at_least: bool = False):
         super().__init__(message)
         self.model, self.steps, self.steps_needed, self.at_least = model, steps, steps_needed, at_least
+
+
+class SamplerWarning(GPZooWarning):
+    """An MCMC run (``gpzoo.sample``) whose draws fail a standard check: divergences, a collapsed
+    step size, saturated tree depth, split r_hat too high or effective sample size too low.
+    ``model`` names the model and ``problem`` says what was found and what to try."""
+
+    def __init__(self, model: str, problem: str):
+        super().__init__(f"{model}: {problem}")
+        self.model, self.problem = model, problem

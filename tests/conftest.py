@@ -128,7 +128,7 @@ SLOW_MODULES = {
     "test_fit.py": 99, "test_extending.py": 85, "test_scripts.py": 73, "test_generative.py": 32, "test_dkm_numerics.py": 34,
     "test_benchmarks_smoke.py": 60, "test_datatree.py": 50, "test_parallel.py": 110, "test_dkm_fused.py": 55, "test_memmap.py": 30,
     "test_pg_natgrad.py": 30, "test_compare.py": 28, "test_invariant.py": 25, "test_svgp.py": 25, "test_dkm_family.py": 24,
-    "test_io.py": 19, "test_report_browser.py": 17, "test_deep_conv.py": 17, "test_docs.py": 60,
+    "test_io.py": 19, "test_report_browser.py": 17, "test_deep_conv.py": 17, "test_docs.py": 60, "test_mcmc.py": 120,
 }
 #: Modules of independent slow tests (no shared fixture to keep together): handed out one test at a time.
 ONE_BY_ONE = ("test_contract.py",)

@@ -9,6 +9,7 @@ The short public face::
     elbo = gpzoo.evaluate_elbo(res)
     cmp  = gpzoo.compare("rectangles", ["svgp-rbf", "conv"], seeds=[0, 1], backend="ray")
     found = gpzoo.search(x, y, depth=3)             # kernel structure search (SE, Per, Lin, RQ, +, ×, CP)
+    draws = gpzoo.sample(spec, X, y, num_chains=4)  # NUTS: hyperparameters and whitened inducing outputs
 
 The three subpackages hold the rest: :mod:`gpzoo.models` (kernels, likelihoods, the zoo),
 :mod:`gpzoo.inference` (inducing variables, guides, fitting) and :mod:`gpzoo.analysis`
@@ -44,6 +45,8 @@ _PUBLIC = {
     "datasets": "gpzoo.analysis",
     "report": "gpzoo.analysis",
     "search": "gpzoo.analysis",
+    "sample": "gpzoo.inference.mcmc",
+    "SampleResult": "gpzoo.inference.mcmc",
 }
 _MODULES = {"zoo", "kernels", "likelihoods"}
 
