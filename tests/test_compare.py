@@ -115,8 +115,17 @@ def test_report_shows_parameter_tables_and_rebuilds_them(fits, tmp_path):
     X_test, y_test = _sin(20, 1)
     html_path = report(fits, tmp_path, X_test=X_test, y_test=y_test, num_draws=100, num_elbo_samples=4)
     first = html_path.read_text(encoding="utf-8")
+    # each table's header quotes the full-data ELBO ± s.e. of the ranking table, not the last step's value
+    import json  # noqa: PLC0415
+
+    from gpzoo.analysis.report import _as_estimate  # noqa: PLC0415
+
+    headers = {}
     for name, res in fits.items():
-        assert res.header() in first
+        entry = json.loads((tmp_path / "models" / f"{name}.json").read_text(encoding="utf-8"))
+        headers[name] = res.header(_as_estimate(entry["elbo"]))
+        assert entry["header"] == headers[name] and html.escape(headers[name]) in first
+        assert f"ELBO {entry['elbo']['elbo']:.6g} ± " in headers[name] and "(full data)" in headers[name]
     assert "<h2>Parameters</h2>" in first and "kernel.lengthscale" in first and "q_sqrt" in first
     markdown = (tmp_path / "report.md").read_text(encoding="utf-8")
     assert "## Parameters" in markdown
@@ -129,7 +138,7 @@ def test_report_shows_parameter_tables_and_rebuilds_them(fits, tmp_path):
     assert headline.startswith("Best: rbf, ahead of linear by held-out Δelpd ") and "--seeds" in headline
     (tmp_path / "report.html").unlink()
     rebuilt = rebuild_report(tmp_path).read_text(encoding="utf-8")
-    assert all(rebuilt.count(f"<summary>{html.escape(res.header())}</summary>") == 1 for res in fits.values())
+    assert all(rebuilt.count(f"<summary>{html.escape(headers[name])}</summary>") == 1 for name in fits)
 
 
 def _heldout_tree(log_lik):
