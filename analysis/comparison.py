@@ -140,7 +140,7 @@ def write_run_record(out: Path, run: dict) -> None:
 
 
 def fit_and_report(*, dataset, X_train, y_train, X_test, y_test, specs: Mapping[str, object],
-                   runs: Mapping[str, tuple[str, int]], grouped: bool, out: Path, resume: bool, steps: int,
+                   runs: Mapping[str, tuple[str, int]], grouped: bool, out: Path, resume: bool, steps: int | str,
                    batch_size: int, learning_rate: float, checkpoint_every: int | None, num_draws: int, data_seed: int,
                    backend: str, backend_options: dict, save_models: bool, progress: bool,
                    log: Callable[[str], None] | None, with_report: bool = True) -> Comparison:
@@ -333,7 +333,7 @@ def _optional_count(value, name: str):
 
 
 def compare(data="rectangles", models=("svgp-rbf", "conv", "weighted-conv"), *, seeds=(0,),
-            steps: int = DEFAULTS["steps"], batch_size: int = DEFAULTS["batch_size"],
+            steps: int | str = DEFAULTS["steps"], batch_size: int = DEFAULTS["batch_size"],
             learning_rate: float = DEFAULTS["learning_rate"], num_inducing: int = DEFAULTS["num_inducing"],
             likelihood=None, options: Mapping[str, Mapping] | None = None, num_train="default", num_test="default",
             data_seed: int = 0, data_paths: Mapping[str, str] | None = None, num_draws: int = DEFAULTS["num_draws"],
@@ -348,8 +348,8 @@ def compare(data="rectangles", models=("svgp-rbf", "conv", "weighted-conv"), *, 
     named data set, as ``gpzoo compare``, and all rows of a Dataset). ``models``: zoo names (a list
     or a comma-separated string; built with the data set's facts, ``num_inducing``, ``likelihood``
     and ``options[name]``, e.g. ``{"conv": {"patch_shape": (5, 5)}}``) or ``ModelSpec`` objects.
-    ``steps``, ``batch_size`` (capped at the training-set size) and ``learning_rate`` are the
-    :func:`gpzoo.fit` settings of every fit; ``num_draws`` posterior draws per fit go to the report.
+    ``steps`` (a count, or ``"auto"``: until the objective levels off), ``batch_size`` (capped at
+    the training-set size) and ``learning_rate`` are the :func:`gpzoo.fit` settings of every fit; ``num_draws`` posterior draws per fit go to the report.
 
     ``backend``: ``"sequential"`` (in this process) or ``"ray"`` (each fit a Ray task on a local
     instance, or the cluster at ``address``; ``cpus_per_fit`` CPUs each). ``out``: a directory
@@ -364,7 +364,8 @@ def compare(data="rectangles", models=("svgp-rbf", "conv", "weighted-conv"), *, 
 
     models = _model_list(models)
     seeds = _seed_list(seeds)
-    check_integer(steps, "steps", minimum=0)
+    if steps != "auto":  # "auto": every fit runs until its objective levels off (gpzoo.fit)
+        check_integer(steps, "steps", minimum=0)
     check_integer(batch_size, "batch_size", minimum=1)
     check_real(learning_rate, "learning_rate", positive=True)
     check_integer(num_inducing, "num_inducing", minimum=1)

@@ -46,7 +46,7 @@ class FitTask:
 class FitOptions:
     """The :func:`gpzoo.fit` settings every task shares."""
 
-    steps: int
+    steps: int | str  # a count, or "auto"
     batch_size: int | None
     learning_rate: float
     checkpoint_every: int | None = None

@@ -25,6 +25,7 @@ def test_compare_is_exported_at_the_top_and_in_analysis():
     ({"seeds": [0, 0]}, "seeds"),
     ({"seeds": [-1]}, "seeds"),
     ({"steps": 1.5}, "steps"),
+    ({"steps": "Auto"}, "steps"),
     ({"batch_size": 0}, "batch_size"),
     ({"learning_rate": -0.1}, "learning_rate"),
     ({"backend": "dask"}, "backend"),
@@ -69,3 +70,12 @@ def test_existing_report_needs_overwrite_or_resume(tmp_path):
 
 
 # gpzoo.compare(..., backend="ray") against the sequential backend: tests/test_backends.py (one shared Ray instance)
+
+
+def test_steps_auto_runs_every_fit_until_it_levels_off():
+    """``steps="auto"`` is passed to every fit: each runs until its objective levels off (at least the
+    auto rule's minimum of 500 steps) and reports itself converged."""
+    cmp = gpzoo.compare("two-moons", ["svgp-rbf"], steps="auto", num_train=100, num_test=100, report=False,
+                        progress=False)
+    res = cmp.results["svgp-rbf", 0]
+    assert res.converged is True and len(res.objective_history) >= 500
