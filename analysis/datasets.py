@@ -31,6 +31,7 @@ import inspect
 import math
 import os
 import zipfile
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -1197,6 +1198,41 @@ def load_idx(
 _NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 
+def _read_npz(path, keys, *, argument: str) -> dict[str, np.ndarray]:
+    """The arrays ``keys`` of the ``.npz`` archive at ``path``, read without pickle; every way a file
+    can fail to be that archive is a typed error naming ``argument`` and the path: no such path or a
+    folder (``InvalidArgumentError``), a file that is not a zip archive (a plain ``.npy``, text), a
+    truncated or corrupt archive, a missing key or an array that needs pickle (``DataError``)."""
+    name = os.fspath(path)
+    if not os.path.exists(name):
+        raise InvalidArgumentError(argument, f"no such file {name!r}")
+    if not os.path.isfile(name):
+        raise InvalidArgumentError(argument, f"{name!r} is not a file (a folder?): expected a .npz archive")
+    try:
+        with open(name, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise DataError(argument, f"cannot read {name!r} ({exc.strerror or exc})") from None
+    if magic == b"\x93NUM":
+        raise DataError(argument, f"{name!r} is a single .npy array: expected a .npz archive holding {', '.join(keys)}")
+    if not magic.startswith(b"PK"):
+        raise DataError(argument, f"{name!r} is not a .npz (zip) archive")
+    try:
+        with np.load(name, allow_pickle=False) as archive:
+            missing = [key for key in keys if key not in archive.files]
+            if missing:
+                raise DataError(argument, f"{name!r} lacks {', '.join(missing)} (has {', '.join(archive.files) or 'nothing'})")
+            return {key: archive[key] for key in keys}
+    except DataError:
+        raise
+    except ValueError as exc:
+        if "pickle" in str(exc):
+            raise DataError(argument, f"{name!r} holds arrays that need pickle, which are not read") from None
+        raise DataError(argument, f"{name!r} is not a readable .npz archive ({exc})") from None
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise DataError(argument, f"{name!r} is truncated or corrupt ({type(exc).__name__}: {exc})") from None
+
+
 def load_numpy_images(path) -> Dataset:
     """Images from a ``.npz`` holding ``x_train, y_train, x_test, y_test`` (CIFAR-10 style).
 
@@ -1204,14 +1240,7 @@ def load_numpy_images(path) -> Dataset:
     floats in [0, 1]; labels ``[N]`` or ``[N, 1]``. Read with ``allow_pickle=False``: an archive
     holding Python objects is refused rather than executed.
     """
-    with np.load(path, allow_pickle=False) as archive:
-        missing = [key for key in _NPZ_KEYS if key not in archive.files]
-        if missing:
-            raise DataError("path", f"{os.fspath(path)!r} lacks {', '.join(missing)} (has {', '.join(archive.files) or 'nothing'})")
-        try:
-            arrays = {key: archive[key] for key in _NPZ_KEYS}
-        except ValueError as exc:  # object arrays need pickle
-            raise DataError("path", f"{os.fspath(path)!r} holds arrays that need pickle ({exc})") from None
+    arrays = _read_npz(path, _NPZ_KEYS, argument="path")
     X_train, image_shape = _images_to_unit(arrays["x_train"], "x_train")
     X_test, test_shape = _images_to_unit(arrays["x_test"], "x_test")
     if test_shape != image_shape:

@@ -498,6 +498,28 @@ def test_npz_round_trip_and_errors(tmp_path):
         datasets.load_numpy_images(tmp_path / "floats.npz")
     assert info.value.argument == "x_train"
 
+    # every way a file can fail to be the archive is a typed error naming the path, never a bare
+    # BadZipFile / TypeError / ValueError / errno
+    good = (tmp_path / "cifar.npz").read_bytes()
+    (tmp_path / "truncated.npz").write_bytes(good[: len(good) // 2])
+    np.save(tmp_path / "plain.npy", arrays["x_train"])
+    (tmp_path / "text.npz").write_text("x_train,y_train\n1,2\n")
+    (tmp_path / "folder.npz").mkdir()
+    cut = bytearray(good)
+    cut[len(cut) // 3] ^= 0xFF  # one flipped byte inside a compressed or stored member
+    (tmp_path / "flipped.npz").write_bytes(bytes(cut))
+    cases = {"truncated.npz": (DataError, "truncated or corrupt"), "plain.npy": (DataError, "single .npy array"),
+             "text.npz": (DataError, "not a .npz"), "folder.npz": (InvalidArgumentError, "not a file"),
+             "absent.npz": (InvalidArgumentError, "no such file")}
+    for name, (error, words) in cases.items():
+        with pytest.raises(error) as info:
+            datasets.load("local-numpy", path=tmp_path / name)
+        assert info.value.argument == "path" and words in str(info.value) and name in str(info.value), (name, info.value)
+    try:  # a flipped byte: either refused by name, or (in raw pixel bytes) read as other valid data
+        datasets.load("local-numpy", path=tmp_path / "flipped.npz")
+    except (DataError, ShapeError, InvalidArgumentError) as exc:
+        assert exc.argument in ("path", "x_train", "x_test", "y_train", "y_test")
+
 
 # ---------------------------------------------------------------------------------------------
 # validate_images
