@@ -286,8 +286,15 @@ def _read_series(path: Path):
 def _cmd_search(args, out) -> int:
     if (args.data is None) == (args.data_path is None):
         raise UsageError("give exactly one of --data NAME and --data-path FILE")
-    if args.out.exists() and any(args.out.iterdir()) and not args.overwrite:
+    from gpzoo.analysis.outlock import LOCK_FILES, output_lock  # noqa: PLC0415
+
+    if args.out.exists() and any(p.name not in LOCK_FILES for p in args.out.iterdir()) and not args.overwrite:
         raise UsageError(f"--out {str(args.out)!r} already holds files; pass --overwrite to replace them")
+    with output_lock(args.out, argument="--out"):
+        return _cmd_search_locked(args, out)
+
+
+def _cmd_search_locked(args, out) -> int:
     import jax  # noqa: PLC0415
 
     jax.config.update("jax_enable_x64", not args.float32)
@@ -532,10 +539,8 @@ class Interrupted(Exception):
 
 
 def _fit_and_report(args, model_names: list[str], out) -> int:
-    from gpzoo.analysis.comparison import FitsInterrupted, fit_and_report, run_names, write_run_record  # noqa: PLC0415
-    from gpzoo.analysis.report import check_writable, summary_columns  # noqa: PLC0415
+    from gpzoo.analysis.outlock import output_lock  # noqa: PLC0415
     from gpzoo.models import zoo  # noqa: PLC0415
-    from gpzoo.models.errors import ConvergenceWarning  # noqa: PLC0415
 
     if len(set(model_names)) != len(model_names):
         raise UsageError(f"--models lists a model twice: {','.join(model_names)}")
@@ -547,6 +552,17 @@ def _fit_and_report(args, model_names: list[str], out) -> int:
     likelihood = _likelihood(args.likelihood, ds)
     specs = {name: _build_spec(name, ds, args.num_inducing, likelihood, options[name])  # all checked before fitting
              for name in model_names}
+    with output_lock(args.out, argument="--out"):  # one writer per --out (a second run is refused, naming this one)
+        return _fit_and_report_locked(args, model_names, options, ds, likelihood, specs, X_train, y_train, X_test,
+                                      y_test, out)
+
+
+def _fit_and_report_locked(args, model_names, options, ds, likelihood, specs, X_train, y_train, X_test, y_test,
+                           out) -> int:
+    from gpzoo.analysis.comparison import FitsInterrupted, fit_and_report, run_names, write_run_record  # noqa: PLC0415
+    from gpzoo.analysis.report import check_writable, summary_columns  # noqa: PLC0415
+    from gpzoo.models.errors import ConvergenceWarning  # noqa: PLC0415
+
     run = _prepare_output(args, _run_record(args, model_names, options, _data_paths(args.data, args.data_paths)))
     check_writable(args.out)
     write_run_record(args.out, run)

@@ -333,10 +333,10 @@ def _optional_count(value, name: str):
 
 
 def compare(data="rectangles", models=("svgp-rbf", "conv", "weighted-conv"), *, seeds=(0,),
-            steps: int | str = DEFAULTS["steps"], batch_size: int = DEFAULTS["batch_size"],
-            learning_rate: float = DEFAULTS["learning_rate"], num_inducing: int = DEFAULTS["num_inducing"],
+            steps: int | str = int(DEFAULTS["steps"]), batch_size: int = int(DEFAULTS["batch_size"]),
+            learning_rate: float = DEFAULTS["learning_rate"], num_inducing: int = int(DEFAULTS["num_inducing"]),
             likelihood=None, options: Mapping[str, Mapping] | None = None, num_train="default", num_test="default",
-            data_seed: int = 0, data_paths: Mapping[str, str] | None = None, num_draws: int = DEFAULTS["num_draws"],
+            data_seed: int = 0, data_paths: Mapping[str, str] | None = None, num_draws: int = int(DEFAULTS["num_draws"]),
             backend: str = "sequential", address: str | None = None, cpus_per_fit: int = 1, out=None,
             overwrite: bool = False, resume: bool = False, checkpoint_every: int | None = None,
             save_models: bool = True, progress: bool = False, report: bool = True) -> Comparison:
@@ -424,7 +424,10 @@ def compare(data="rectangles", models=("svgp-rbf", "conv", "weighted-conv"), *, 
         return result if keep else dataclasses.replace(result, report_path=None)
 
     if out is not None:
-        return run_in(Path(out), keep=True)
+        from gpzoo.analysis.outlock import output_lock  # noqa: PLC0415
+
+        with output_lock(out, argument="out"):  # one writer per folder: a second run is refused, naming this one
+            return run_in(Path(out), keep=True)
     with tempfile.TemporaryDirectory(prefix="gpzoo-compare-") as directory:
         return run_in(Path(directory), keep=False)
 

@@ -79,3 +79,43 @@ def test_steps_auto_runs_every_fit_until_it_levels_off():
                         progress=False)
     res = cmp.results["svgp-rbf", 0]
     assert res.converged is True and len(res.objective_history) >= 500
+
+
+def test_a_second_writer_on_the_same_out_is_refused_naming_the_first(tmp_path):
+    """While one process holds an output folder (as a running compare does), gpzoo.compare and the CLI
+    on that folder raise OutputLockedError naming the holder's process, and write nothing; once it
+    has finished, the folder is free again."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from gpzoo.analysis.cli import main  # noqa: PLC0415
+    from gpzoo.analysis.outlock import OutputLockedError, output_lock  # noqa: PLC0415
+
+    out = tmp_path / "report"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom gpzoo.analysis.outlock import output_lock\n"
+         f"with output_lock({str(out)!r}):\n    print('held', flush=True)\n    sys.stdin.readline()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(OutputLockedError) as info:
+            gpzoo.compare("two-moons", ["svgp-rbf"], out=out, **TINY)
+        assert info.value.argument == "out" and f"process {holder.pid}" in str(info.value)
+        assert main(["compare", "--data", "two-moons", "--models", "svgp-rbf", "--out", str(out), "--quiet"]) != 0
+        assert sorted(p.name for p in out.iterdir()) == [".gpzoo.lock", ".gpzoo.lock.json"]  # nothing else written
+    finally:
+        holder.communicate("\n", timeout=60)
+    with output_lock(out):  # released with its process
+        pass
+
+
+def test_an_output_folder_that_is_a_symbolic_link_is_refused(tmp_path):
+    from gpzoo.analysis.outlock import OutputPathError, output_lock  # noqa: PLC0415
+
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(OutputPathError) as info:
+        with output_lock(tmp_path / "link"):
+            pass
+    assert info.value.argument == "out" and "symbolic link" in str(info.value)
+    assert list((tmp_path / "elsewhere").iterdir()) == []
