@@ -33,7 +33,7 @@ import numpy as np
 from numpyro.distributions import Distribution
 
 from gpzoo.models.dkm import DKMConfig
-from gpzoo.models.errors import GPZooError, InvalidArgumentError, check_integer, is_number
+from gpzoo.models.errors import GPZooError, InvalidArgumentError, check_integer, check_real, is_number, model_float_dtype
 from gpzoo.models.kernels import Kernel
 from gpzoo.models.kernels.convolutional import image_dims
 from gpzoo.models.likelihoods import Likelihood
@@ -106,12 +106,22 @@ class ModelSpec:
         if self.kernel is not None and self.architecture is not None:
             raise InvalidArgumentError("architecture", "a model has a kernel or a deep kernel machine's architecture, not "
                                                        "both; set kernel=None")
+        # jitter is added to Kuu's diagonal in the model's precision: positive and finite there, and a
+        # real number (a bool or a string is refused by name, not cast)
+        jitter = check_real(self.jitter, "jitter", positive=True)
+        with np.errstate(over="ignore"):
+            in_precision = np.asarray(jitter, dtype=model_float_dtype())
+        if not np.isfinite(in_precision):
+            raise InvalidArgumentError("jitter", f"must be finite in {model_float_dtype()}, got {self.jitter!r}")
 
     @property
     def covariance_model(self) -> Kernel | DKMConfig:
         """The kernel, or a deep kernel machine's architecture: what the inputs are checked against
         (its ``validate_inputs``, where it has one) and the inducing variables are initialised from."""
-        return self.kernel if self.architecture is None else self.architecture
+        if self.architecture is not None:
+            return self.architecture
+        assert self.kernel is not None  # __post_init__: a kernel or an architecture
+        return self.kernel
 
     def replace(self, **changes) -> "ModelSpec":
         return dataclasses.replace(self, **changes)
@@ -168,7 +178,7 @@ class Common:
     def spec(self, name: str, kernel: Kernel | None, **fields) -> ModelSpec:
         """A :class:`ModelSpec` with these options; ``fields`` set or override the others (a deep
         kernel machine passes ``kernel=None`` and its ``architecture`` among them)."""
-        values = dict(likelihood=self.resolved_likelihood(), num_inducing=self.num_inducing, whiten=self.whiten,
+        values: dict[str, Any] = dict(likelihood=self.resolved_likelihood(), num_inducing=self.num_inducing, whiten=self.whiten,
                       q_structure=self.q_structure, inducing_init=self.inducing_init,
                       image_shape=tuple(self.image_shape) if self.image_shape else None)
         return ModelSpec(name=name, kernel=kernel, **(values | fields))
@@ -441,13 +451,13 @@ def default_likelihood(task: str = "regression", num_classes: int | None = None)
     from gpzoo.models import likelihoods  # noqa: PLC0415 - keeps import order simple for plug-ins
 
     if task == "regression":
-        return likelihoods.Gaussian(noise_variance=0.1)
+        return likelihoods.Gaussian(noise_variance=0.1)  # type: ignore[call-arg]  # pytree_dataclass is opaque to mypy (no dataclass_transform)
     if task == "binary":
-        return likelihoods.Bernoulli(link="logit")
+        return likelihoods.Bernoulli(link="logit")  # type: ignore[call-arg]  # pytree_dataclass is opaque to mypy (no dataclass_transform)
     if task == "multiclass":
         if not num_classes:
             raise InvalidArgumentError("num_classes", "multiclass models need the number of classes")
-        return likelihoods.RobustMax(num_classes=num_classes)
+        return likelihoods.RobustMax(num_classes=num_classes)  # type: ignore[call-arg]  # pytree_dataclass is opaque to mypy (no dataclass_transform)
     raise InvalidArgumentError("task", f"unknown task {task!r}; use 'regression', 'binary' or 'multiclass'")
 
 
@@ -470,12 +480,13 @@ def likelihood_from_name(name: str, task: str, num_classes: int | None = None) -
                                                  f"for {task}: {', '.join(valid)}")
     if task == "multiclass" and not num_classes:
         raise InvalidArgumentError("num_classes", "multiclass likelihoods need the number of classes")
+    # call-arg ignores: pytree_dataclass is opaque to mypy (no dataclass_transform), so it sees no fields
     return {
-        "gaussian": lambda: likelihoods.Gaussian(noise_variance=0.1),
+        "gaussian": lambda: likelihoods.Gaussian(noise_variance=0.1),  # type: ignore[call-arg]
         "poisson": likelihoods.Poisson,
-        "bernoulli-logit": lambda: likelihoods.Bernoulli(link="logit"),
-        "bernoulli-probit": lambda: likelihoods.Bernoulli(link="probit"),
-        "robustmax": lambda: likelihoods.RobustMax(num_classes=num_classes),
-        "softmax": lambda: likelihoods.Softmax(num_classes=num_classes),
-        "one-hot-gaussian": lambda: likelihoods.OneHotGaussian(num_classes=num_classes),
+        "bernoulli-logit": lambda: likelihoods.Bernoulli(link="logit"),  # type: ignore[call-arg]
+        "bernoulli-probit": lambda: likelihoods.Bernoulli(link="probit"),  # type: ignore[call-arg]
+        "robustmax": lambda: likelihoods.RobustMax(num_classes=num_classes),  # type: ignore[call-arg]
+        "softmax": lambda: likelihoods.Softmax(num_classes=num_classes),  # type: ignore[call-arg]
+        "one-hot-gaussian": lambda: likelihoods.OneHotGaussian(num_classes=num_classes),  # type: ignore[call-arg]
     }[name]()

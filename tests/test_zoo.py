@@ -226,3 +226,16 @@ def test_common_default_lengthscale_and_ard():
     assert zoo.get("svgp-rbf", input_dim=784, image_shape=(28, 28)).kernel.lengthscale == 14.0
     assert zoo.get("conv+rbf", input_dim=784).kernel.kernels[1].lengthscale == 14.0
     assert zoo.get("invariant-rot", image_shape=(8, 8), task="binary").kernel.base_kernel.lengthscale == 4.0
+
+
+@pytest.mark.parametrize("jitter", [-1.0, 0.0, float("nan"), "1e-6", True, 1e39])
+def test_a_spec_refuses_a_jitter_that_is_not_a_positive_finite_number(jitter, float32):
+    """jitter is refused by name when negative, zero, not finite, not a real number, or infinite in
+    the model's precision (1e39 in float32) — before anything is traced."""
+    from gpzoo.models.errors import InvalidArgumentError  # noqa: PLC0415
+
+    spec = zoo.get("svgp-rbf", input_dim=1)
+    with pytest.raises(InvalidArgumentError) as info:
+        spec.replace(jitter=jitter)
+    assert info.value.argument == "jitter"
+    assert spec.replace(jitter=1e-4).jitter == 1e-4
