@@ -44,6 +44,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -55,7 +56,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpflow_side_by_side.json"
 GPFLOW_REQUIREMENTS = ["gpflow==2.11.*", "tensorflow==2.19.*", "tf-keras==2.19.*", "tensorflow-probability==0.25.*"]
-PYTHON312 = "/root/.pyenv/versions/3.12.1/bin/python3.12"
 MARK = "@@"  # prefix of protocol lines on a worker's stdout (libraries may print too)
 
 CONFIGS = {
@@ -80,7 +80,8 @@ def ensure_gpflow(install: bool) -> tuple[str | None, str]:
             return str(python), f"gpflow/tensorflow {done.stdout.strip().splitlines()[-1]}"
     if not install:
         return None, f"no working GPflow venv at {venv} (run without --no-install to create it)"
-    base = PYTHON312 if Path(PYTHON312).exists() else sys.executable
+    # the GPflow wheels need Python 3.12 (as gpzoo's own setup, $GPZOO_PYTHON chooses one)
+    base = os.environ.get("GPZOO_PYTHON") or shutil.which("python3.12") or sys.executable
     try:
         subprocess.run([base, "-m", "venv", str(venv)], check=True, capture_output=True, text=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", *GPFLOW_REQUIREMENTS], check=True, capture_output=True, text=True)
@@ -439,7 +440,8 @@ def main(argv=None):
               "protocol": ("each framework in its own subprocess, interleaved in rounds of --chunk steps; median wall "
                            "seconds per compiled training step after --warmup steps; test error / NLPP after --steps "
                            "steps; peak RSS of each process"),
-              "gpflow_env": {"python": gpflow_python, "status": args.gpflow_reason, "requirements": GPFLOW_REQUIREMENTS},
+              "gpflow_env": {"venv": "$GPZOO_GPFLOW_VENV, default ~/.cache/gpzoo-gpflow-venv", "status": args.gpflow_reason,
+                             "requirements": GPFLOW_REQUIREMENTS},
               "steps": args.steps, "timed": args.timed, "warmup": args.warmup, "chunk": args.chunk, "results": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.configs.split(","):
