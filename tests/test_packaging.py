@@ -285,3 +285,24 @@ def test_no_references_to_files_outside_the_repository():
                 continue
             offenders += [f"{rel}:{i}: {line.strip()}" for i, line in enumerate(text.splitlines(), 1) if pattern.search(line)]
     assert not offenders, "\n".join(offenders)
+
+
+def test_no_absolute_path_of_a_machine_in_tracked_files():
+    """No tracked file names a user's home on some machine (scripts find interpreters and folders
+    themselves; results record where things live by variable, not by one machine's path)."""
+    pattern = re.compile(r"(?<![\w.])(/root/|/home/[a-z_][\w-]*/|/Users/[A-Za-z][\w-]*/)")
+    listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    offenders = []
+    for name in listed.stdout.splitlines():
+        path = REPO / name
+        if path.suffix not in (".py", ".md", ".json", ".toml", ".yml", ".yaml", ".ipynb", ".cfg", ".txt", "") or not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        offenders += [f"{name}:{i}: {line.strip()[:120]}" for i, line in enumerate(text.splitlines(), 1)
+                      if pattern.search(line) and name != "tests/test_packaging.py"]
+    assert not offenders, "\n".join(offenders)
