@@ -42,6 +42,7 @@ from gpzoo.inference.family import check_family_class
 from gpzoo.inference.inducing import InducingVariables
 from gpzoo.inference.invariant import InvariantSVGP
 from gpzoo.inference.linalg import float_dtype
+from gpzoo.inference.natgrad import check_natgrad_spec
 from gpzoo.inference.pg_natgrad import fit_pg_natgrad
 from gpzoo.inference.programs import pad_rows, row_blocks
 from gpzoo.inference.results import ElboEstimate, FitResult, Prediction
@@ -125,7 +126,8 @@ def fit(
     batch_size: int | None = None,
     seed: int = 0,
     learning_rate: float | optax.Schedule = 0.01,
-    optimizer: optax.GradientTransformation | None = None,
+    optimizer: optax.GradientTransformation | str | None = None,
+    natgrad_step: float | Callable | None = None,
     inducing: InducingVariables | None = None,
     checkpoint_dir: str | Path | None = None,
     checkpoint_every: int | None = None,
@@ -170,6 +172,14 @@ def fit(
     (:mod:`gpzoo.inference.programs`). A custom ``optimizer`` or learning-rate schedule is part of
     that structure by identity: pass the same object again to reuse the programs.
 
+    ``optimizer="natgrad"``: natural-gradient steps on the Gaussian q(u) (``q_mu``, full
+    ``q_sqrt``) and Adam with ``learning_rate`` on every other parameter, from one ELBO gradient
+    per step (:mod:`gpzoo.inference.natgrad`; svgp, invariant-svgp and the output layer of
+    deep-svgp, with q_structure="full"; other methods and structures are refused naming
+    ``optimizer``). ``natgrad_step`` is the step size γ: a float in (0, 1] or a schedule
+    ``step -> γ``; default 1 for a Gaussian likelihood (one full-batch step reaches the optimal
+    q(u)), else a warm-up from 1e-4 rising log-linearly to 0.1 over the first 5 steps.
+
     ``spec.method == "svgp-logistic-pg"`` is fitted by Pólya–Gamma natural gradients
     (``optimizer``/``learning_rate`` then drive the hyperparameter steps). OpenBLAS runs
     single-threaded during the fit: on a small shared machine its threads made the Cholesky
@@ -179,7 +189,9 @@ def fit(
     settings = FitSettings(steps=steps, batch_size=batch_size, seed=seed, learning_rate=learning_rate, optimizer=optimizer,
                            inducing=inducing, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                            resume=resume, progress=progress, chunk_size=chunk_size, devices=devices,
-                           max_steps=max_steps)
+                           max_steps=max_steps, natgrad_step=natgrad_step)
+    if optimizer is not None and isinstance(optimizer, str):
+        check_natgrad_spec(spec, method.name, method.fitter is fit_svi)
     if y is None and not isinstance(X, MemmapSource):
         raise InvalidArgumentError("y", "pass the targets y (only a data source such as open_npy(X_path, y_path) carries its own)")
     fitter = getattr(method.fitter, "__name__", repr(method.fitter))

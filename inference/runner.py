@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from gpzoo.inference.checkpoint import check_config, load_checkpoint, read_config, save_checkpoint
 from gpzoo.inference.data import MemmapSource, data_fingerprint
 from gpzoo.inference.linalg import float_dtype
+from gpzoo.inference.natgrad import NATGRAD, check_natgrad_step
 from gpzoo.inference.results import settled
 from gpzoo.inference.sharding import DataParallel, resolve_devices
 from gpzoo.models.errors import CheckpointError, InvalidArgumentError, TrainingError, check_flag, check_integer, check_real, check_seed
@@ -48,6 +49,8 @@ class FitSettings:
     (:mod:`gpzoo.inference.sharding`; None: one device). ``steps="auto"`` runs until the objective
     levels off (:func:`~gpzoo.inference.results.settled`, checked after every chunk), at most
     ``max_steps`` (default :data:`AUTO_MAX_STEPS`; it bounds only an ``"auto"`` run).
+    ``optimizer="natgrad"`` takes natural-gradient steps of size ``natgrad_step`` on q(u) and Adam
+    steps with ``learning_rate`` on everything else (:mod:`gpzoo.inference.natgrad`).
     """
 
     steps: int | str = 1000
@@ -63,6 +66,7 @@ class FitSettings:
     chunk_size: int = 25
     devices: Any = None
     max_steps: int = AUTO_MAX_STEPS
+    natgrad_step: Any = None
 
     def __post_init__(self):
         """Eager checks of every setting (typed errors naming it, before any tracing)."""
@@ -77,10 +81,14 @@ class FitSettings:
         check_seed(self.seed)
         if not callable(self.learning_rate):
             check_real(self.learning_rate, "learning_rate", positive=True)
-        if self.optimizer is not None and not (callable(getattr(self.optimizer, "init", None))
+        if self.optimizer is not None and not isinstance(self.optimizer, str) and not (callable(getattr(self.optimizer, "init", None))
                                                and callable(getattr(self.optimizer, "update", None))):
-            raise InvalidArgumentError("optimizer", f"expected an optax.GradientTransformation (e.g. optax.adam(1e-2)) or None "
-                                                    f"(Adam with learning_rate), got {self.optimizer!r}")
+            raise InvalidArgumentError("optimizer", f"expected an optax.GradientTransformation (e.g. optax.adam(1e-2)), "
+                                                    f"'natgrad' or None (Adam with learning_rate), got {self.optimizer!r}")
+        if isinstance(self.optimizer, str) and self.optimizer != NATGRAD:
+            raise InvalidArgumentError("optimizer", f"expected an optax.GradientTransformation (e.g. optax.adam(1e-2)), "
+                                                    f"'natgrad' or None (Adam with learning_rate), got {self.optimizer!r}")
+        check_natgrad_step(self.natgrad_step, self.optimizer)
         if self.checkpoint_dir is not None and not isinstance(self.checkpoint_dir, (str, os.PathLike)):
             raise InvalidArgumentError("checkpoint_dir", f"expected a path, got {self.checkpoint_dir!r}")
         if self.checkpoint_every is not None:
@@ -144,7 +152,7 @@ class FitSettings:
         rate = self.learning_rate
         rate = ([float(rate(s)) for s in SCHEDULE_PROBE_STEPS] if callable(rate) else float(rate))
         config = {"model": model, "method": method, "num_data": len(X) if isinstance(X, MemmapSource) else int(np.shape(X)[0]), "batch_size": int(batch_size),
-                  "seed": int(self.seed), "learning_rate": rate, "optimizer": "adam" if self.optimizer is None else "custom",
+                  "seed": int(self.seed), "learning_rate": rate, "optimizer": "adam" if self.optimizer is None else (NATGRAD if self.optimizer == NATGRAD else "custom"),
                   "dtype": str(np.dtype(float_dtype()) if isinstance(X, MemmapSource) else np.asarray(X).dtype),
                   "data_fingerprint": None if self.checkpoint_dir is None else data_fingerprint(X, y)}
         if self.resume and any(Path(self.checkpoint_dir).iterdir()):

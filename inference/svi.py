@@ -31,6 +31,7 @@ from gpzoo.inference.data import (BatchSchedule, MemmapSource, initial_rows, num
                                   validate_source)
 from gpzoo.inference.inducing import inducing_for
 from gpzoo.inference.linalg import float_dtype
+from gpzoo.inference.natgrad import NATGRAD, default_natgrad_step, natgrad_update
 from gpzoo.inference.programs import ByIdentity, FamilyDefinition, definition_of
 from gpzoo.inference.results import FitResult
 from gpzoo.inference.runner import ChunkProgram, FitSettings
@@ -57,6 +58,9 @@ class SviStep:
     optax transformation (by identity); ``schedule``: a learning-rate schedule of the default Adam
     (by identity), None for a constant rate. ``num_data`` is static only where it shapes the
     program (per-datum parameters, data-parallel steps); else it is the constants' second entry.
+    ``natgrad``: None for plain optimiser steps; else q(u) takes natural-gradient steps
+    (:mod:`gpzoo.inference.natgrad`) with step size ``"constant"`` (the constants' last entry) or a
+    schedule of the step count (by identity).
     """
 
     definition: FamilyDefinition
@@ -66,6 +70,7 @@ class SviStep:
     split_loss: bool = False
     parallel: Any = None
     num_data: int | None = None
+    natgrad: Any = None
 
     def make_optimizer(self, learning_rate=0.0):
         if self.optimizer is not None:
@@ -100,6 +105,11 @@ class SviStep:
             return new_state, -loss
         if parallel is not None:
             X_batch, y_batch, batch_idx = parallel.shard_rows(X_batch, y_batch, batch_idx)
+        if self.natgrad is not None:
+            gamma = constants[-1] if self.natgrad == "constant" else self.natgrad.value(state.optim_state[0])
+            new_state, loss = natgrad_update(svi, state, gamma, (X_batch, y_batch),
+                                             {"num_data": N, **index_kwargs(family, batch_idx)})
+            return new_state, -loss
         new_state, loss = svi.update(state, X_batch, y_batch, num_data=N, **index_kwargs(family, batch_idx))
         return new_state, -loss
 
@@ -164,7 +174,12 @@ def fit_svi(spec, X, y, *, family_class, settings: FitSettings) -> FitResult:
     y_j = jnp.asarray(y, dtype=dtype)
     X_j = jnp.asarray(X) if source is None else None
     schedule = learning_rate if callable(learning_rate) else (lambda step: learning_rate)
-    split_loss = parallel is not None and not per_point_draws(family)  # else the sharding-constraint step
+    natgrad = optimizer == NATGRAD
+    gamma = default_natgrad_step(spec, settings.natgrad_step) if natgrad else None
+    if natgrad:
+        optimizer = None  # Adam with learning_rate on everything but q(u)
+    # natural gradients take the sharding-constraint step (one gradient of the whole batch's ELBO)
+    split_loss = parallel is not None and not per_point_draws(family) and not natgrad
     step = SviStep(
         definition,
         optimizer=None if optimizer is None else ByIdentity(optimizer),
@@ -172,6 +187,7 @@ def fit_svi(spec, X, y, *, family_class, settings: FitSettings) -> FitResult:
         from_source=source is not None, split_loss=split_loss,
         parallel=None if parallel is None else ByIdentity(parallel),
         num_data=N if (parallel is not None or family.needs_data_indices) else None,
+        natgrad=None if not natgrad else (ByIdentity(gamma) if callable(gamma) else "constant"),
     )
     batches = BatchSchedule(N, B, seed)
     init_idx = batches(0)
@@ -192,6 +208,8 @@ def fit_svi(spec, X, y, *, family_class, settings: FitSettings) -> FitResult:
 
     step_inputs = batches if source is None else (lambda s: (batches(s), source.rows(batches(s))))
     constants = (leaves, num_data, X_j, y_j) if source is None else (leaves, num_data, y_j)
+    if step.natgrad == "constant":
+        constants = constants + (np.asarray(gamma, dtype),)
     if parallel is not None:
         state, constants = parallel.replicate(state), parallel.replicate(constants)
     diagnostics = {"jitter": float(spec.jitter), "jitter_events": [], "dtype": str(np.dtype(dtype)), "seconds": 0.0}
