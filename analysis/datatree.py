@@ -188,18 +188,18 @@ def datatree_and_elbo(res: FitResult, X_test, y_test, *, num_draws: int = 200, s
             fixed[row.name] = row.value.tolist()
             continue
         if row.role == TYPE_II:
-            value = np.broadcast_to(row.value, (1, S) + row.value.shape).copy()  # θ* in every draw
+            site_value = np.broadcast_to(row.value, (1, S) + row.value.shape).copy()  # θ* in every draw
             point.append(var)
             estimate = "type-II point estimate (maximises the objective; repeated over draws: q(u) delta(theta - theta*))"
         elif row.role == SAMPLED:
-            value = np.asarray(draws.hyper[row.name])[None]  # [1, S, ...]
+            site_value = np.asarray(draws.hyper[row.name])[None]  # [1, S, ...]
             sampled.append(var)
             estimate = "draws from q(theta)"
         else:
             continue
         _record_site(sites, var, row.name)
-        posterior[var] = value
-        dims[var] = naming.dims(row.name, value.shape[2:])
+        posterior[var] = site_value
+        dims[var] = naming.dims(row.name, site_value.shape[2:])
         var_attrs[var] = {"site": row.name, "estimate": estimate, "class": row.owner, "constraint": row.constraint,
                           "prior": row.prior}
 
@@ -252,8 +252,8 @@ def datatree_and_elbo(res: FitResult, X_test, y_test, *, num_draws: int = 200, s
     attrs = {group: value for group, value in attrs.items() if group == "/" or group in data}
     dt = from_dict(data, dims=dims, coords=coords, pred_dims=dims, pred_coords=pred_coords, attrs=attrs)
     posterior_ds = dt["posterior"].to_dataset()
-    for var, value in var_attrs.items():
-        posterior_ds[var].attrs = _netcdf_attrs(value)
+    for var, site_attrs in var_attrs.items():
+        posterior_ds[var].attrs = _netcdf_attrs(site_attrs)
     dt["posterior"] = posterior_ds
     dt["predictions_moments"] = xr.DataTree(_predictive_moments(pred, test_index, L))
     optimization, opt_sites = _optimization(res, info, naming)

@@ -30,7 +30,7 @@ import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pandas as pd
@@ -59,7 +59,7 @@ class ReportError(GPZooError, OSError):
 
 
 # ----------------------------------------------------------------------------- files
-def netcdf_engine() -> str:
+def netcdf_engine() -> Literal["netcdf4", "h5netcdf"]:
     """``"netcdf4"`` (the netCDF C library) when netCDF4 is importable, else ``"h5netcdf"``.
 
     Both write the same netCDF-4/HDF5 files. The C library writes a report's DataTree (11 groups,
@@ -440,7 +440,14 @@ def _rebuild(out: Path, trees: Mapping[str, xr.DataTree] | None = None, loos: Ma
     return out / "report.html"
 
 
-def _class_probs(moments: xr.DataTree) -> np.ndarray:
+def _test_moments(dt: xr.DataTree) -> xr.Dataset:
+    """The test-set predictive moments (group ``predictions_moments``), as the group's Dataset view."""
+    group = dt["predictions_moments"]
+    assert isinstance(group, xr.DataTree)  # a group, not a variable
+    return group.dataset
+
+
+def _class_probs(moments: xr.Dataset) -> np.ndarray:
     """Test-set class probabilities ``[T, C]``, rows renormalised: quadrature-based likelihoods
     (RobustMax) sum to one only up to their quadrature error (~1e-3), beyond calibration's tolerance."""
     probs = np.clip(moments["probs"].values, 0.0, None)  # [T, C]
@@ -450,7 +457,7 @@ def _class_probs(moments: xr.DataTree) -> np.ndarray:
 def heldout_metrics(dt: xr.DataTree) -> dict[str, float]:
     """Held-out scores from a model's DataTree (``analysis.calibration`` on its test-set predictive moments)."""
     task = dt.attrs.get("task", "regression")
-    moments = dt["predictions_moments"]
+    moments = _test_moments(dt)
     y = dt["predictions_observed_data"]["y"].values
     scores: dict[str, float] = {}
     if "probs" in moments.data_vars:
@@ -553,7 +560,7 @@ def _model_figures(dt: xr.DataTree):
     from gpzoo.analysis.datatree import heldout_view  # noqa: PLC0415 - JAX-heavy
 
     task = dt.attrs.get("task", "regression")
-    moments = dt["predictions_moments"]
+    moments = _test_moments(dt)
     y = dt["predictions_observed_data"]["y"].values
     heldout = heldout_view(dt)  # test-set draws and targets under ArviZ's in-sample group names
     if task == "binary":
@@ -651,7 +658,7 @@ def _fmt(value) -> str:
             return "–"
         if value == 0:
             return "0"
-        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.4e}"
+        return f"{value:.4g}" if abs(float(value)) < 1e5 else f"{value:.4e}"
     return str(value)
 
 

@@ -38,6 +38,7 @@ import math
 import time
 import zlib
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -304,7 +305,7 @@ def _optimise(structure: _Structure, u0: dict, X, y, Z, noise_floor, steps: int,
 
     f, g = values_and_grads(U)
     live = np.isfinite(f) & np.all(np.isfinite(g), axis=1)
-    history = [([], []) for _ in range(R)]
+    history: list[tuple[list[np.ndarray], list[np.ndarray]]] = [([], []) for _ in range(R)]
     for _ in range(steps):
         if not live.any():
             break
@@ -426,12 +427,12 @@ def _evaluate_all(expressions, X, y, settings, stats, depth, parents, backend: s
     X_ref, y_ref = ray.put(X), ray.put(y)
     futures = [remote.remote([expressions[i].key() for i in c], X_ref, y_ref, settings, stats, depth,
                              [parents[i] for i in c]) for c in chunks if c]
-    out = [None] * len(expressions)
+    gathered: list[Candidate | None] = [None] * len(expressions)
     for chunk, results in zip([c for c in chunks if c], ray.get(futures)):
         for i, candidate in zip(chunk, results):
-            out[i] = candidate
+            gathered[i] = candidate
         done(results)
-    return out
+    return gathered
 
 
 # ----------------------------------------------------------------------------- the search
@@ -605,7 +606,7 @@ class SearchResult:
         for expression, part in zip(summands(self.expression), parts):
             Ks = part.K(X, X_new)  # [N, N*]
             solved = jax.scipy.linalg.cho_solve(factor, Ks)
-            entry = {"expression": str(expression), "description": describe(expression, part),
+            entry: dict[str, Any] = {"expression": str(expression), "description": describe(expression, part),
                      "mean": np.asarray(Ks.T @ alpha)}
             if full_cov:
                 entry["cov"] = np.asarray(part.K(X_new) - Ks.T @ solved)
@@ -627,8 +628,9 @@ class SearchResult:
         template, treedef = jax.tree.flatten(to_kernel(self.expression), is_leaf=is_fixed)
         fitted = jax.tree.leaves(self.kernel())
         leaves = [t if is_fixed(t) else np.asarray(f, np.float64) for t, f in zip(template, fitted, strict=True)]
+        # call-arg: pytree_dataclass is opaque to mypy (no dataclass_transform), so it sees no fields
         return ModelSpec(name="searched", kernel=jax.tree.unflatten(treedef, leaves),
-                         likelihood=Gaussian(noise_variance=self.noise_variance), num_inducing=M,
+                         likelihood=Gaussian(noise_variance=self.noise_variance), num_inducing=M,  # type: ignore[call-arg]
                          description=f"structure found by kernel search: {self.best.expression}")
 
     def to_json(self) -> dict:
@@ -643,8 +645,14 @@ def _value(kernel, field: str) -> float:
 
 
 def _factor_kernels(expression: Expression, kernel) -> list[tuple[Base, object]]:
+    # a summand of a canonical expression is a base kernel or a product of base kernels
     if isinstance(expression, Mul):
-        return list(zip(expression.factors, kernel.kernel.kernels))
+        pairs: list[tuple[Base, object]] = []
+        for factor, part in zip(expression.factors, kernel.kernel.kernels):
+            assert isinstance(factor, Base)
+            pairs.append((factor, part))
+        return pairs
+    assert isinstance(expression, Base)
     return [(expression, kernel)]
 
 

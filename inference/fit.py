@@ -269,6 +269,8 @@ def predict(res: FitResult, X_new, *, num_samples: int = 0, seed: int = 0, batch
         None if pieces[0][j] is None else np.concatenate([np.asarray(p[j])[:n] for p, n in zip(pieces, counts)])
         for j in range(5)
     )
+    # the programs always return the moments; only probs may be None
+    assert f_mean is not None and f_var is not None and y_mean is not None and y_var is not None
     f_samples = None
     if num_samples > 0:
         key_s = jax.random.split(jax.random.PRNGKey(seed), 3)[1]
@@ -379,9 +381,9 @@ def evaluate_elbo(res: FitResult, X=None, y=None, *, num_samples: int = 32, seed
         estimates.append(ell - float(kl) - extra)
         ell_total += ell / S
         kl_total += float(kl) / S
-    estimates = np.asarray(estimates)
-    stderr = float(estimates.std(ddof=1) / math.sqrt(S)) if S > 1 else (math.nan if calls.stochastic else 0.0)
-    return ElboEstimate(float(estimates.mean()), stderr, ell_total, kl_total, S, estimates)
+    elbo_draws = np.asarray(estimates)
+    stderr = float(elbo_draws.std(ddof=1) / math.sqrt(S)) if S > 1 else (math.nan if calls.stochastic else 0.0)
+    return ElboEstimate(float(elbo_draws.mean()), stderr, ell_total, kl_total, S, elbo_draws)
 
 
 @dataclasses.dataclass(frozen=True)

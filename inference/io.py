@@ -129,7 +129,7 @@ class _Encoder:
         self.path = path
         self.arrays: dict[str, np.ndarray] = {}
 
-    def fail(self, where: str, message: str):
+    def fail(self, where: str, message: str) -> typing.NoReturn:
         raise ModelFileError(self.path, f"cannot save {where or 'the result'}: {message}")
 
     def array_name(self, where: str) -> str:
@@ -162,7 +162,7 @@ class _Encoder:
             fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init}
             return self.encode_object(value, fields, where)
         if hasattr(value, "_fields") and isinstance(value, tuple):  # a NamedTuple
-            return self.encode_object(value, value._asdict(), where)
+            return self.encode_object(value, typing.cast(typing.Any, value)._asdict(), where)
         if callable(value) and hasattr(value, "__qualname__") and hasattr(value, "__module__"):
             name = _qualified_name(value)
             if "<" in name or not _allowed(name):
@@ -236,7 +236,8 @@ def save(result: FitResult, path, *, overwrite: bool = False) -> Path:
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with sigint_deferred():
-            atomic_write(directory / ARRAYS_FILE, lambda fh: np.savez(fh, **encoder.arrays))
+            # numpy's stub matches **arrays against savez's allow_pickle: bool, rejecting a valid call
+            atomic_write(directory / ARRAYS_FILE, lambda fh: np.savez(fh, **encoder.arrays))  # type: ignore[arg-type]
             files = {MODEL_FILE: _file_entry(model_bytes),
                      ARRAYS_FILE: {"sha256": _sha256(directory / ARRAYS_FILE), "size": (directory / ARRAYS_FILE).stat().st_size}}
             manifest = _manifest_text(files).encode("ascii")
@@ -502,7 +503,7 @@ class _Decoder:
         self.path = path
         self.arrays = arrays
 
-    def fail(self, where: str, message: str):
+    def fail(self, where: str, message: str) -> typing.NoReturn:
         field = f"result.{where}" if where else "result"
         raise ModelFileError(self.path, f"{message} (at {where or 'the top level'} of {MODEL_FILE})", field=field)
 
@@ -666,7 +667,7 @@ def _conforms(value, hint) -> bool:
 
 
 def _type_text(hint) -> str:
-    return getattr(hint, "__name__", None) if isinstance(hint, type) else str(hint).replace("typing.", "")
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
 def _model_directory(path) -> Path:
@@ -873,7 +874,8 @@ def _upgrade_v1(stored: dict) -> dict:
     spec = stored.get("spec")
     fields = spec.get("fields") if isinstance(spec, dict) else None
     kernel = fields.get("kernel") if isinstance(fields, dict) else None
-    if not (isinstance(kernel, dict) and kernel.get("type") == _DKM_CONFIG and "architecture" not in fields):
+    if not (isinstance(spec, dict) and isinstance(fields, dict) and isinstance(kernel, dict) and kernel.get("type") == _DKM_CONFIG
+            and "architecture" not in fields):
         return stored
     return {**stored, "spec": {**spec, "fields": {**fields, "kernel": None, "architecture": kernel}}}
 

@@ -30,7 +30,9 @@ are; :meth:`SampleResult.predict` gives q(f*) as the mixture over draws.
 from __future__ import annotations
 
 import dataclasses
+import typing
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -47,7 +49,7 @@ from gpzoo.inference.guides import blockdiag_matvec
 from gpzoo.inference.results import FitResult, Prediction
 from gpzoo.inference.svgp import KERNEL_SITE, LIKELIHOOD_SITE, SVGP
 from gpzoo.models.errors import InvalidArgumentError, SamplerWarning, check_integer, check_real, check_seed
-from gpzoo.models.likelihoods import Gaussian
+from gpzoo.models.likelihoods import Gaussian, Likelihood
 from gpzoo.models.zoo import ModelSpec
 
 __all__ = ["MAX_EXACT_POINTS", "MAX_RHAT", "MIN_ESS", "MIN_STEP_SIZE", "METHODS", "SampleResult", "sample"]
@@ -105,7 +107,7 @@ class SampleResult:
         if X_new.ndim != 2 or X_new.shape[1] != self.X_train.shape[1]:
             raise InvalidArgumentError("X_new", f"expected [N, {self.X_train.shape[1]}] inputs, got shape {X_new.shape}")
         chunks = [self._predict_chunk(X_new[i:i + batch_size]) for i in range(0, X_new.shape[0], batch_size)]
-        fields = {}
+        fields: dict[str, Any] = {}
         for name in ("f_mean", "f_var", "y_mean", "y_var", "probs"):
             parts = [getattr(c, name) for c in chunks]
             fields[name] = None if parts[0] is None else np.concatenate(parts, axis=0)
@@ -146,6 +148,7 @@ def _factor(name: str, log_factor) -> None:
 
 def _realised(spec: ModelSpec, fixed: dict):
     """The spec's kernel and likelihood with sampled sites drawn and the others at ``fixed``."""
+    assert spec.kernel is not None  # both targets sample kernel models (a deep kernel machine has none)
     with substitute(data=fixed):
         return spec.kernel.realise(KERNEL_SITE), spec.likelihood.realise(LIKELIHOOD_SITE)
 
@@ -168,7 +171,8 @@ def _whitened_model(family: SVGP, fixed: dict, X, y):
     coordinates = v if family.spec.whiten else u  # what the family's conditional takes
     mean, var = family.conditional_given_u(parts, X, coordinates)  # [N, L] x2
     key = jax.random.PRNGKey(_EXPECTATION_KEY)
-    ell = parts.likelihood.variational_expectation(y, mean, jnp.maximum(var, 0.0), key=key)  # [N]
+    likelihood = typing.cast(Likelihood, parts.likelihood)  # Parts types it as object
+    ell = likelihood.variational_expectation(y, mean, jnp.maximum(var, 0.0), key=key)  # [N]
     _factor("expected_log_lik", ell.sum())
 
 
@@ -337,6 +341,7 @@ def sample(
             raise InvalidArgumentError("X", "differs from the data the FitResult was fitted to (pass X=None, y=None "
                                             "to sample on its training data)")
     method = _choose(method, spec, init.family, X_train.shape[0])
+    model_fn: Callable[..., None]
     fixed = _fixed_params(init)
     Xj = jnp.asarray(X_train)
     if method == "collapsed":

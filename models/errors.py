@@ -81,7 +81,7 @@ class TrainingError(GPZooError, FloatingPointError):
     ``argument`` is the checkpoint written before the bad step, when there is one, else None.
     """
 
-    def __init__(self, message: str, step: int, checkpoint: str | None = None):
+    def __init__(self, message: str, step: int | None, checkpoint: str | None = None):
         self.step = step
         self.checkpoint = checkpoint
         super().__init__(message, argument=None if checkpoint is None else str(checkpoint))
@@ -276,7 +276,8 @@ class MissingDependencyError(GPZooError, ImportError):
     def __init__(self, argument: str, package: str, extra: str, what: str):
         self.argument, self.package, self.extra = argument, package, extra
         super().__init__(f"{argument}: {what} needs the optional package {package!r}, which is not installed; "
-                         f'install it with: pip install "gpzoo[{extra}]"', name=package)
+                         f'install it with: pip install "gpzoo[{extra}]"')
+        self.name = package  # ImportError's module name (GPZooError.__init__ takes no ``name=``)
 
 
 def model_float_dtype() -> np.dtype:

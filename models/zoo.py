@@ -102,4 +102,5 @@ def get(name: str, **given) -> ModelSpec:
 @register("svgp-rbf", "SVGP with a squared-exponential (ARD) kernel on the raw inputs, inducing points", num_inducing=32)
 def _svgp_rbf(common: Common, lengthscale: Lengthscale = None, ard: Ard = False) -> ModelSpec:
     lengthscale = common.lengthscale(lengthscale, image_shape=common.image_shape, ard=ard)
-    return common.spec("svgp-rbf", kernels.SquaredExponential(lengthscale=lengthscale, variance=1.0))
+    # pytree_dataclass is opaque to mypy (no dataclass_transform), so it sees no fields
+    return common.spec("svgp-rbf", kernels.SquaredExponential(lengthscale=lengthscale, variance=1.0))  # type: ignore[call-arg]

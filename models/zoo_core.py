@@ -450,14 +450,16 @@ def default_likelihood(task: str = "regression", num_classes: int | None = None)
     """The likelihood a zoo model uses for ``task`` unless told otherwise."""
     from gpzoo.models import likelihoods  # noqa: PLC0415 - keeps import order simple for plug-ins
 
+    # call-arg ignores here and below: pytree_dataclass is opaque to mypy (no dataclass_transform),
+    # so it sees no fields
     if task == "regression":
-        return likelihoods.Gaussian(noise_variance=0.1)  # type: ignore[call-arg]  # pytree_dataclass is opaque to mypy (no dataclass_transform)
+        return likelihoods.Gaussian(noise_variance=0.1)  # type: ignore[call-arg]
     if task == "binary":
-        return likelihoods.Bernoulli(link="logit")  # type: ignore[call-arg]  # pytree_dataclass is opaque to mypy (no dataclass_transform)
+        return likelihoods.Bernoulli(link="logit")  # type: ignore[call-arg]
     if task == "multiclass":
         if not num_classes:
             raise InvalidArgumentError("num_classes", "multiclass models need the number of classes")
-        return likelihoods.RobustMax(num_classes=num_classes)  # type: ignore[call-arg]  # pytree_dataclass is opaque to mypy (no dataclass_transform)
+        return likelihoods.RobustMax(num_classes=num_classes)  # type: ignore[call-arg]
     raise InvalidArgumentError("task", f"unknown task {task!r}; use 'regression', 'binary' or 'multiclass'")
 
 
