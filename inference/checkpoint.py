@@ -23,6 +23,7 @@ whose ``argument`` is the file at fault.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -99,12 +100,24 @@ def save_checkpoint(directory, *, params: dict, state, history: dict, config: di
     config["params"] = {k: list(v.shape) for k, v in params_np.items()}
     config["state_leaves"] = [list(leaf.shape) for leaf in leaves]
     config["history"] = {k: list(v.shape) for k, v in history_np.items()}
-    with sigint_deferred():
-        atomic_write(directory / "params.npz", lambda fh: np.savez(fh, **params_np, **{STEP_KEY: step}))
-        atomic_write(directory / "state.npz", lambda fh: np.savez(fh, *leaves, **{STEP_KEY: step}))
-        atomic_write(directory / "history.npz", lambda fh: np.savez(fh, **history_np, **{STEP_KEY: step}))
-        atomic_write(directory / "config.json", lambda fh: fh.write(json.dumps(config, indent=2, default=_jsonable).encode()))
+    try:
+        with sigint_deferred():
+            atomic_write(directory / "params.npz", lambda fh: np.savez(fh, **params_np, **{STEP_KEY: step}))
+            atomic_write(directory / "state.npz", lambda fh: np.savez(fh, *leaves, **{STEP_KEY: step}))
+            atomic_write(directory / "history.npz", lambda fh: np.savez(fh, **history_np, **{STEP_KEY: step}))
+            atomic_write(directory / "config.json",
+                         lambda fh: fh.write(json.dumps(config, indent=2, default=_jsonable).encode()))
+    except OSError as exc:  # a full disk, a quota, a read-only or vanished folder: the files written stay consistent
+        reason = errno.errorcode.get(exc.errno, "") if exc.errno else ""
+        raise CheckpointWriteError(f"cannot write the checkpoint of step {int(step)} to {str(directory)!r}: "
+                                   f"{exc.strerror or exc}{f' ({reason})' if reason else ''}",
+                                   argument=str(directory)) from None
     return directory
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (no space left, no permission, ...). ``argument`` is the
+    folder. The run itself is unaffected: ``fit`` warns and keeps its result in memory."""
 
 
 def _non_finite(arrays: dict, path: Path) -> tuple[str, str] | None:

@@ -337,8 +337,9 @@ def enable_persistent_cache(path: str | os.PathLike | None = None, *, max_bytes:
     Every program is kept, however quickly it compiled, up to ``max_bytes`` in all (least recently
     used entries are evicted): the small programs are most of a warm run's compilations (the README's
     main job, warm, 18.4-18.6 s against 19.0-19.2 s keeping only those over 0.2 s, for 1.8 MB of
-    cache against 1.3 MB). JAX skips the cache quietly when its folder cannot be
-    written (a full disk), so a cache never makes a fit fail."""
+    cache against 1.3 MB). A cache entry that cannot be written (a full disk) is skipped with JAX's
+    warning, never raised (``jax_raise_persistent_cache_errors`` is set off): a cache never makes a
+    fit fail."""
     folder = Path(path).expanduser() if path is not None else cache_dir()
     if folder is None:
         return None
@@ -349,6 +350,7 @@ def enable_persistent_cache(path: str | os.PathLike | None = None, *, max_bytes:
     from jax.experimental.compilation_cache import compilation_cache  # noqa: PLC0415
 
     jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_raise_persistent_cache_errors", False)  # a cache that cannot be written is skipped, with a warning
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     try:

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import os
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,13 +23,13 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from gpzoo.inference.checkpoint import check_config, load_checkpoint, read_config, save_checkpoint
+from gpzoo.inference.checkpoint import CheckpointWriteError, check_config, load_checkpoint, read_config, save_checkpoint
 from gpzoo.inference.data import MemmapSource, data_fingerprint
 from gpzoo.inference.linalg import float_dtype
 from gpzoo.inference.natgrad import NATGRAD, check_natgrad_step
 from gpzoo.inference.results import settled
 from gpzoo.inference.sharding import DataParallel, resolve_devices
-from gpzoo.models.errors import CheckpointError, InvalidArgumentError, TrainingError, check_flag, check_integer, check_real, check_seed
+from gpzoo.models.errors import CheckpointError, GPZooWarning, InvalidArgumentError, TrainingError, check_flag, check_integer, check_real, check_seed
 
 __all__ = ["AUTO_MAX_STEPS", "RESUME_KEYS", "SCHEDULE_PROBE_STEPS", "ChunkProgram", "ClosureStep", "FitSettings", "restart_clock", "run_chunks"]
 
@@ -350,13 +351,24 @@ def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, che
         per_step += [per_step[0]] * (chunk - count)
         return jax.tree_util.tree_map(lambda *xs: np.stack(xs), *per_step), np.arange(chunk) < count, program.constants
 
-    def checkpoint(step, state):
-        save_checkpoint(
-            checkpoint_dir, params=program.params_of(state), state=state,
-            history={"objective": np.asarray(objective_hist[:step]), "step_size": np.asarray(rate_hist[:step])},
-            config={**program.config, "step": step, "jitter_events": diagnostics["jitter_events"],
-                    **{k: diagnostics[k] for k in ("max_jitter", "last_jitter") if k in diagnostics}},
-        )
+    def checkpoint(step, state) -> bool:
+        """Write a checkpoint; on a write failure (a full disk, say) warn once, naming the folder, stop
+        checkpointing and go on: the fit keeps its result in memory. True when written."""
+        if "checkpoint_error" in diagnostics:
+            return False
+        try:
+            save_checkpoint(
+                checkpoint_dir, params=program.params_of(state), state=state,
+                history={"objective": np.asarray(objective_hist[:step]), "step_size": np.asarray(rate_hist[:step])},
+                config={**program.config, "step": step, "jitter_events": diagnostics["jitter_events"],
+                        **{k: diagnostics[k] for k in ("max_jitter", "last_jitter") if k in diagnostics}},
+            )
+        except CheckpointWriteError as exc:
+            diagnostics["checkpoint_error"] = str(exc)
+            warnings.warn(GPZooWarning(f"{exc}; checkpointing stops here and the fit goes on, its result kept in memory "
+                                       "(save it with gpzoo.save where there is space)"), stacklevel=4)
+            return False
+        return True
 
     # (steps done, state after them), assigned in one statement so that an interrupt sees a consistent pair;
     # `previous` is the pair one chunk earlier (the NaN guard may need a state from before `committed`)
@@ -386,8 +398,7 @@ def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, che
                 rate_hist = (rate_hist + [program.rate_at(s) for s in range(step, step + k)])[:good]
                 if good > base_step:
                     base_state = run_chunk(base_state, *chunk_inputs(base_step, good - base_step))[0]
-                if checkpoint_dir is not None and good > start:
-                    checkpoint(good, base_state)
+                if checkpoint_dir is not None and good > start and checkpoint(good, base_state):
                     saved_step = good
                 what = (f"the {program.objective} became {objective[bad - step]}" if bad_objective and bad == bad_objective[0]
                         else "the parameters became non-finite")
@@ -403,8 +414,8 @@ def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, che
             if program.after_chunk is not None:
                 program.after_chunk(step + k, new_state)
             levelled = auto and settled(objective_hist)
-            if checkpoint_dir is not None and ((step + k) % checkpoint_every == 0 or step + k == steps or levelled):
-                checkpoint(step + k, new_state)
+            if (checkpoint_dir is not None and ((step + k) % checkpoint_every == 0 or step + k == steps or levelled)
+                    and checkpoint(step + k, new_state)):
                 saved_step = step + k
             bar.update(k)
             if step == start:

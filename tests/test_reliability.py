@@ -226,3 +226,61 @@ def test_padded_steps_of_a_chunk_run_no_update(precision):
     jax.effects_barrier()
     assert len(calls) == 3
     assert float(state) == 3.0 and list(objective) == [0.0, -1.0, -2.0] and len(rates) == 3
+
+
+def test_a_full_disk_during_a_checkpoint_keeps_the_fit_and_says_where(tmp_path, data, spec, monkeypatch):
+    """No space left on the device while a checkpoint is written: fit warns once, naming the folder and
+    the cause, stops checkpointing, finishes, and returns the same fit as one without checkpoints; the
+    write error itself is a CheckpointError naming the folder."""
+    import errno  # noqa: PLC0415
+
+    from gpzoo.inference import checkpoint as checkpoint_module  # noqa: PLC0415
+    from gpzoo.models.errors import GPZooWarning  # noqa: PLC0415
+
+    X, y = data
+    settings = dict(steps=8, seed=0, learning_rate=0.01, batch_size=12, **QUIET)
+    expected = fit(spec, X, y, **settings)
+    calls = []
+
+    def full_disk(path, write):
+        calls.append(path)
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(checkpoint_module, "atomic_write", full_disk)
+    with pytest.warns(GPZooWarning, match="No space left on device") as record:
+        res = fit(spec, X, y, checkpoint_dir=tmp_path / "ckpt", checkpoint_every=2, **settings)
+    assert len([w for w in record if issubclass(w.category, GPZooWarning)]) == 1 and len(calls) == 1
+    assert str(tmp_path / "ckpt") in str(record[0].message) and "ENOSPC" in str(record[0].message)
+    np.testing.assert_array_equal(res.objective_history, expected.objective_history)
+    for key in expected.params:
+        np.testing.assert_array_equal(res.params[key], expected.params[key])
+    assert "checkpoint_error" in res.diagnostics
+    with pytest.raises(CheckpointError) as info:
+        checkpoint_module.save_checkpoint(tmp_path / "direct", params={"a": np.zeros(2)}, state=[np.zeros(2)],
+                                          history={}, config={"step": 1})
+    assert info.value.argument == str(tmp_path / "direct")
+
+
+def test_a_compilation_cache_that_cannot_be_written_never_fails_a_fit(tmp_path, data, spec, monkeypatch,
+                                                                      without_suite_compilation_cache):
+    """Every cache write fails with "no space left" (as on a full disk): the fit compiles, runs and
+    equals the one without a cache; the failures are warnings."""
+    import errno  # noqa: PLC0415
+
+    from jax._src import compilation_cache  # noqa: PLC0415 - the write the full disk would break
+
+    from gpzoo.inference.programs import enable_persistent_cache  # noqa: PLC0415
+
+    X, y = data
+    settings = dict(steps=5, seed=0, learning_rate=0.02, **QUIET)
+    expected = fit(spec, X, y, **settings)
+    jax.clear_caches()
+    assert enable_persistent_cache(tmp_path / "cache") == tmp_path / "cache"
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(compilation_cache, "put_executable_and_time", full_disk)
+    with pytest.warns(UserWarning, match="No space left on device"):
+        res = fit(spec, X, y, **settings)
+    np.testing.assert_array_equal(res.objective_history, expected.objective_history)
