@@ -23,6 +23,7 @@ Full MNIST / CIFAR-10 files a user already has are read by :func:`load_idx` and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import gzip
@@ -1066,6 +1067,23 @@ def _csv_inputs(name: str, input_dim: int, argument: str) -> tuple[np.ndarray, n
     return table, None
 
 
+@contextlib.contextmanager
+def _numpy_read_errors(name: str, argument: str, what: str):
+    """Turn what reading a NumPy file ``name`` can raise into ``DataError`` naming ``argument`` and the
+    file: arrays that need pickle (refused, never executed), a file that is not a readable ``what``,
+    a truncated or corrupt one. A ``DataError`` raised inside passes through."""
+    try:
+        yield
+    except DataError:
+        raise
+    except ValueError as exc:
+        if "pickle" in str(exc):
+            raise DataError(argument, f"{name!r} holds Python objects, which are not read (allow_pickle=False)") from None
+        raise DataError(argument, f"{name!r} is not a readable {what} ({exc})") from None
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise DataError(argument, f"{name!r} is truncated or corrupt ({type(exc).__name__}: {exc})") from None
+
+
 def read_inputs(path, input_dim: int, image_shape=None, *, argument: str = "path") -> tuple[np.ndarray, np.ndarray | None]:
     """Inputs to predict at, from a file the user has, checked against a model's inputs: ``(X, y)``,
     ``X`` float64 ``[N, input_dim]`` and ``y`` the labels ``[N]`` or None.
@@ -1094,7 +1112,7 @@ def read_inputs(path, input_dim: int, image_shape=None, *, argument: str = "path
         magic = fh.read(6)
     if not magic.startswith((b"\x93NUMPY", b"PK\x03\x04", b"PK\x05\x06")):  # .npy, or a (possibly empty) zip archive
         raise DataError(argument, f"{name!r} is not a NumPy .npy/.npz file")
-    try:
+    with _numpy_read_errors(name, argument, "NumPy .npy/.npz file"):
         loaded = np.load(name, allow_pickle=False)
         if isinstance(loaded, np.ndarray):
             X, y = loaded, None
@@ -1107,14 +1125,6 @@ def read_inputs(path, input_dim: int, image_shape=None, *, argument: str = "path
                                               "(labels as y, optional) or as its only array")
                 X = loaded[key]
                 y = loaded["y"] if key == "X" and "y" in files else None
-    except DataError:
-        raise
-    except ValueError as exc:
-        if "pickle" in str(exc):
-            raise DataError(argument, f"{name!r} holds Python objects, which are not read (allow_pickle=False)") from None
-        raise DataError(argument, f"{name!r} is not a NumPy .npy/.npz file ({exc})") from None
-    except (OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise DataError(argument, f"{name!r} cannot be read as a NumPy file ({exc})") from None
     return _checked_inputs(X, y, int(input_dim), image_shape, argument, name)
 
 
@@ -1217,20 +1227,11 @@ def _read_npz(path, keys, *, argument: str) -> dict[str, np.ndarray]:
         raise DataError(argument, f"{name!r} is a single .npy array: expected a .npz archive holding {', '.join(keys)}")
     if not magic.startswith(b"PK"):
         raise DataError(argument, f"{name!r} is not a .npz (zip) archive")
-    try:
-        with np.load(name, allow_pickle=False) as archive:
-            missing = [key for key in keys if key not in archive.files]
-            if missing:
-                raise DataError(argument, f"{name!r} lacks {', '.join(missing)} (has {', '.join(archive.files) or 'nothing'})")
-            return {key: archive[key] for key in keys}
-    except DataError:
-        raise
-    except ValueError as exc:
-        if "pickle" in str(exc):
-            raise DataError(argument, f"{name!r} holds arrays that need pickle, which are not read") from None
-        raise DataError(argument, f"{name!r} is not a readable .npz archive ({exc})") from None
-    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-        raise DataError(argument, f"{name!r} is truncated or corrupt ({type(exc).__name__}: {exc})") from None
+    with _numpy_read_errors(name, argument, ".npz archive"), np.load(name, allow_pickle=False) as archive:
+        missing = [key for key in keys if key not in archive.files]
+        if missing:
+            raise DataError(argument, f"{name!r} lacks {', '.join(missing)} (has {', '.join(archive.files) or 'nothing'})")
+        return {key: archive[key] for key in keys}
 
 
 def load_numpy_images(path) -> Dataset:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -21,31 +22,21 @@ from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[1]
 API_TREE = ROOT / "build" / "docs-api"
-#: subpackage -> folder, as in pyproject.toml's package-dir
-SUBPACKAGES = {"models": "models", "inference": "inference", "analysis": "analysis"}
 
 
-def _link(target: Path, link: Path) -> None:
-    try:
-        link.symlink_to(target, target_is_directory=target.is_dir())
-    except OSError:  # no symlinks (some Windows setups): copy instead
-        if target.is_dir():
-            shutil.copytree(target, link, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(target, link)
+def _package_layout():
+    """``scripts/package_layout.py``, loaded by path (the docs are built from a checkout, not an install)."""
+    spec = importlib.util.spec_from_file_location("_gpzoo_package_layout", ROOT / "scripts" / "package_layout.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _layout_package() -> None:
     """Write ``build/docs-api/gpzoo`` (links to src/gpzoo's files and the three subpackage folders)."""
     API_TREE.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".gpzoo-", dir=API_TREE))
-    package = staging / "gpzoo"
-    package.mkdir()
-    for path in (ROOT / "src" / "gpzoo").iterdir():
-        if path.name != "__pycache__":
-            _link(path, package / path.name)
-    for name, folder in SUBPACKAGES.items():
-        _link(ROOT / folder, package / name)
+    package = _package_layout().lay_out_package(staging)
     old = API_TREE / "gpzoo"
     if old.exists():
         trash = Path(tempfile.mkdtemp(prefix=".old-", dir=API_TREE))

@@ -592,10 +592,14 @@ def test_read_inputs_checks_untrusted_files_with_typed_errors(tmp_path):
     np.save(tmp_path / "bright.npy", np.full((2, 6), 2.0))
     np.save(tmp_path / "objects.npy", np.array([None, 1], dtype=object), allow_pickle=True)
     np.save(tmp_path / "flat.npy", np.zeros(3))
-    (tmp_path / "X.csv").write_text("1,2,3\n")
+    (tmp_path / "X.csv").write_text("1,2,3\n")  # a CSV row of 3 inputs and no target
+    X, y = datasets.read_inputs(tmp_path / "X.csv", 3)
+    np.testing.assert_array_equal(X, [[1.0, 2.0, 3.0]])
+    assert y is None
+    (tmp_path / "X.txt").write_text("1,2,3\n")
     for args, error in [((tmp_path / "X.npy", 4), ShapeError), ((tmp_path / "flat.npy", 3), ShapeError),
                         ((tmp_path / "bright.npy", 6, (2, 3)), DataError), ((tmp_path / "objects.npy", 2), DataError),
-                        ((tmp_path / "X.csv", 3), InvalidArgumentError), ((tmp_path / "none.npy", 3), InvalidArgumentError)]:
+                        ((tmp_path / "X.txt", 3), InvalidArgumentError), ((tmp_path / "none.npy", 3), InvalidArgumentError)]:
         with pytest.raises(error) as info:
             datasets.read_inputs(*args, argument="inputs")
         assert info.value.argument == "inputs", args

@@ -31,6 +31,7 @@ from gpzoo.models import zoo
 from gpzoo.models.errors import InvalidArgumentError, SamplerWarning
 from gpzoo.models.kernels import SquaredExponential
 from gpzoo.models.parameters import Fixed
+from test_contract import _bars  # 6×6 images of one horizontal or vertical bar
 
 NOISE, VARIANCE = 0.04, 1.0
 X_STAR = np.linspace(-3.5, 3.5, 7)[:, None]
@@ -147,24 +148,11 @@ def test_collapsed_nuts_matches_quadrature_and_works_with_arviz():
     np.testing.assert_allclose(pred.f_mean[:, 0], mean, rtol=1e-10)
 
 
-def _bars(num, seed, shape=(6, 6)):
-    rng = np.random.default_rng(seed)
-    H, W = shape
-    X = 0.05 * rng.random((num, H, W))
-    y = rng.integers(0, 2, num)
-    for n in range(num):
-        at = rng.integers(1, H - 1)
-        if y[n]:
-            X[n, at, 1:-1] = 1.0
-        else:
-            X[n, 1:-1, at] = 1.0
-    return X.reshape(num, H * W), y
-
-
 def test_a_sparse_convolutional_bernoulli_model_mixes(float32):
     """conv on 6×6 bar images, priors on its patch kernel's lengthscale and variance, whitened
     inducing outputs: every hyperparameter's chains mix (float32, the library's default precision)."""
     X, y = _bars(24, 0)
+    y = y.astype(int)
     spec = zoo.get("conv", input_dim=36, task="binary", num_classes=2, image_shape=(6, 6), num_inducing=6)
     base = dataclasses.replace(spec.kernel.base_kernel, lengthscale=dist.LogNormal(0.0, 0.5),
                                variance=dist.LogNormal(0.0, 0.5))

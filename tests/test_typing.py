@@ -2,14 +2,13 @@
 
 gpzoo installs ``src/gpzoo`` with ``models/``, ``inference/`` and ``analysis/`` as its subpackages
 (``package-dir`` in pyproject.toml), a layout mypy cannot follow from the repository. The test lays
-the package out once more in a temporary folder, as links to the real files (as docs/hooks.py does
+the package out once more in a temporary folder, as links to the real files (scripts/package_layout.py, as
 for the documentation), and runs mypy there with the settings of pyproject.toml's ``[tool.mypy]``.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +16,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-#: subpackage -> folder, as in pyproject.toml's package-dir
-SUBPACKAGES = {"models": "models", "inference": "inference", "analysis": "analysis"}
 #: the modules checked (their imports are followed for types; errors are reported in these only)
 MODULES = (
     "gpzoo",
@@ -29,25 +26,12 @@ MODULES = (
 )
 
 
-def _link(target: Path, link: Path) -> None:
-    try:
-        link.symlink_to(target, target_is_directory=target.is_dir())
-    except OSError:  # no symlinks (some Windows setups): copy instead
-        if target.is_dir():
-            shutil.copytree(target, link, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(target, link)
-
-
 def _layout_package(folder: Path) -> None:
-    """``folder/gpzoo``: links to src/gpzoo's files and to the three subpackage folders."""
-    package = folder / "gpzoo"
-    package.mkdir()
-    for path in (ROOT / "src" / "gpzoo").iterdir():
-        if path.name != "__pycache__":
-            _link(path, package / path.name)
-    for name, source in SUBPACKAGES.items():
-        _link(ROOT / source, package / name)
+    """``folder/gpzoo`` as gpzoo installs (``scripts/package_layout.py``, loaded by path)."""
+    spec = importlib.util.spec_from_file_location("_gpzoo_package_layout", ROOT / "scripts" / "package_layout.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.lay_out_package(folder)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is not installed (the 'test' extra installs it)")
