@@ -50,7 +50,7 @@ def test_summarise_generic_fallback_and_bad_files(tmp_path):
     (results / "new_benchmark.json").write_text(json.dumps({"speedup": 2.5, "machine": {"devices": ["cpu:0"]}}))
     (results / "conv_kernels.json").write_text(json.dumps({"unexpected": 1}))
     section = summarise.render(results)
-    assert "### new benchmark" in section and "| `speedup` | 2.5 |" in section
+    assert "## new benchmark" in section and "| `speedup` | 2.5 |" in section
     assert "could not summarise: KeyError" in section
 
 
