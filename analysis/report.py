@@ -91,6 +91,9 @@ def read_datatree(path) -> xr.DataTree:
 def _prepare_dir(out_dir) -> Path:
     """Create ``out_dir`` (and figures/, models/) and prove it writable, or raise ReportError."""
     out = Path(out_dir)
+    for sub in ("", "figures", "models"):  # a link would send the report's files elsewhere
+        if (out / sub).is_symlink():
+            raise ReportError(f"out_dir: {str(out / sub)!r} is a symbolic link; gpzoo does not write through links")
     try:
         for sub in ("", "figures", "models"):
             (out / sub).mkdir(parents=True, exist_ok=True)
@@ -349,6 +352,9 @@ def _plain_file(directory: Path, name, path: Path, key: str) -> Path:
     path are refused (a report never reads outside its own folder)."""
     if not isinstance(name, str) or not name or name in (".", "..") or Path(name).name != name or "\\" in name:
         raise _fail(path, f"{key} entry {name!r} is not a plain file name inside the report directory")
+    for link in (directory, directory / name):
+        if link.is_symlink():  # it could point anywhere: a report reads only its own files
+            raise _fail(path, f"{key}: {str(link)!r} is a symbolic link; a report reads only files inside its folder")
     return directory / name
 
 
@@ -356,11 +362,14 @@ def load_report(out_dir, *, trees: Mapping[str, xr.DataTree] | None = None) -> t
     """(report.json, {name: DataTree}, {name: metrics}) of a report directory.
 
     Every entry is checked before use: missing keys and wrong types are a :class:`ReportError`
-    naming the key, and file entries must be plain names inside the directory. ``trees`` (the
+    naming the key, and file entries must be plain names inside the directory, none of them (nor its
+    folder) a symbolic link. ``trees`` (the
     DataTrees of every model, as just written to ``models/``) are used instead of reading them back.
     """
     out = Path(out_dir)
     info_path = out / "report.json"
+    if info_path.is_symlink():
+        raise ReportError(f"out_dir: {str(info_path)!r} is a symbolic link; a report reads only files inside its folder")
     try:
         info = json.loads(info_path.read_text(encoding="utf-8"))
     except FileNotFoundError:

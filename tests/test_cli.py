@@ -145,6 +145,33 @@ def test_report_rebuilds_the_same_tables(compared, capsys):
     assert all(m in printed for m in models)
 
 
+def test_report_refuses_symbolic_links_inside_its_folder(compared, tmp_path, capsys):
+    """gpzoo report DIR reads and writes only DIR's own files: a figures/ folder or a model file that
+    is a symbolic link (to anywhere) is refused with one line naming it, and nothing is written there."""
+    import shutil  # noqa: PLC0415
+
+    _, out, models = compared
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    figures = tmp_path / "figures-copy"
+    shutil.copytree(out / "figures", figures)
+    shutil.rmtree(out / "figures")
+    (out / "figures").symlink_to(outside, target_is_directory=True)
+    line = _error(["report", str(out)], capsys, 1)
+    assert "symbolic link" in line and "figures" in line
+    assert list(outside.iterdir()) == []
+    (out / "figures").unlink()
+    shutil.copytree(figures, out / "figures")
+    model_file = next((out / "models").glob("*.nc"))
+    shutil.move(model_file, outside / model_file.name)
+    model_file.symlink_to(outside / model_file.name)
+    line = _error(["report", str(out)], capsys, 1)
+    assert "symbolic link" in line and model_file.name in line
+    model_file.unlink()
+    shutil.move(outside / model_file.name, model_file)
+    assert _run(["report", str(out)], capsys)[0] == 0  # the folder as it was rebuilds
+
+
 def _error(argv, capsys, code):
     status, out, err = _run(argv, capsys)
     assert status == code
