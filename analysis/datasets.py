@@ -810,24 +810,26 @@ _ELNINO = ("Monthly sea surface temperature of the El Nino region, 1950-2010 (st
            "by default x = decades since January 1950 and y standardised (standardise=False: x = decimal year, y = deg C)")
 
 
+def _yearly_series(name: str, what: str, time_column: str, value_column: str, description: str, *, test_fraction,
+                   standardise) -> Dataset:
+    """:func:`_extrapolation_split` of a yearly statsmodels series ``statsmodels.datasets.<name>`` (x in decades)."""
+    data = _optional_module(f"statsmodels.datasets.{name}", name, what).load_pandas().data
+    return _extrapolation_split(name, data[time_column].to_numpy(np.float64), data[value_column].to_numpy(np.float64),
+                                description, test_fraction=test_fraction, standardise=standardise, unit=10.0)
+
+
 @_register("sunspots", _SUNSPOTS)
 def _load_sunspots(*, seed: int, test_fraction: float = 0.2, standardise: bool = True):
     """Extrapolation split of the yearly sunspot numbers (see the description)."""
-    sunspots = _optional_module("statsmodels.datasets.sunspots", "sunspots", "the sunspots data set")
-
-    data = sunspots.load_pandas().data
-    return _extrapolation_split("sunspots", data["YEAR"].to_numpy(np.float64), data["SUNACTIVITY"].to_numpy(np.float64),
-                                _SUNSPOTS, test_fraction=test_fraction, standardise=standardise, unit=10.0)
+    return _yearly_series("sunspots", "the sunspots data set", "YEAR", "SUNACTIVITY", _SUNSPOTS,
+                          test_fraction=test_fraction, standardise=standardise)
 
 
 @_register("nile", _NILE)
 def _load_nile(*, seed: int, test_fraction: float = 0.2, standardise: bool = True):
     """Extrapolation split of the Nile's yearly flow (see the description)."""
-    nile = _optional_module("statsmodels.datasets.nile", "nile", "the Nile data set")
-
-    data = nile.load_pandas().data
-    return _extrapolation_split("nile", data["year"].to_numpy(np.float64), data["volume"].to_numpy(np.float64),
-                                _NILE, test_fraction=test_fraction, standardise=standardise, unit=10.0)
+    return _yearly_series("nile", "the Nile data set", "year", "volume", _NILE, test_fraction=test_fraction,
+                          standardise=standardise)
 
 
 @_register("elnino", _ELNINO)
