@@ -81,14 +81,19 @@ _positive_int = _int_at_least(1, "positive")
 _non_negative_int = _int_at_least(0, "non-negative")
 
 
+def _number_or(word: str, value, text: str, parse, expected: str):
+    """An argparse value: ``value`` for the literal ``word``, else ``parse(text)``, refused as ``expected``."""
+    if text == word:
+        return value
+    try:
+        return parse(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected {expected} or {word!r}, got {text!r}") from None
+
+
 def _steps(text: str):
     """An argparse type: a non-negative integer, or ``auto`` (run until the objective levels off)."""
-    if text == "auto":
-        return text
-    try:
-        return _non_negative_int(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer or 'auto', got {text!r}") from None
+    return _number_or("auto", "auto", text, _non_negative_int, "a non-negative integer")
 
 
 def _seed_list(text: str) -> list[int]:
@@ -103,12 +108,8 @@ def _seed_list(text: str) -> list[int]:
 
 
 def _count_or_all(text: str) -> int | None:
-    if text == "all":
-        return None
-    try:
-        return _positive_int(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {text!r}") from None
+    """An argparse type: a positive integer, or ``all`` (None)."""
+    return _number_or("all", None, text, _positive_int, "a positive integer")
 
 
 def _positive_float(text: str) -> float:

@@ -293,11 +293,7 @@ def _read_manifest(directory: Path) -> dict | None:
         return None
     data = _read_bytes(path, MAX_MANIFEST_BYTES)
     manifest = _parse_json(data, path)
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        raise ModelFileError(path, f"not a gpzoo model manifest (format is not {MANIFEST_FORMAT!r})", field="format")
-    version = manifest.get("manifest_version")
-    if type(version) is not int or version < 1:
-        raise ModelFileError(path, f"corrupt: manifest_version {version!r}", field="manifest_version")
+    version = _format_version(manifest, path, MANIFEST_FORMAT, "gpzoo model manifest", "manifest_version", MANIFEST_VERSION)
     if version > MANIFEST_VERSION:
         raise ModelFileError(path, f"manifest version {version}; this gpzoo reads up to version {MANIFEST_VERSION}: "
                                    "upgrade gpzoo", field="manifest_version")
@@ -689,12 +685,19 @@ def _model_directory(path) -> Path:
     return directory
 
 
-def _check_document(document, model_file: Path) -> dict:
-    if not isinstance(document, dict) or document.get("format") != FORMAT:
-        raise ModelFileError(model_file, f"not a gpzoo model file (format is not {FORMAT!r})", field="format")
-    version = document.get("format_version")
+def _format_version(document, path: Path, fmt: str, what: str, key: str, newest: int) -> int:
+    """The version (``document[key]``, an int >= 1) of a JSON document that must be a dict whose
+    ``format`` is ``fmt`` (a ``what``); anything else is ``ModelFileError`` naming the field."""
+    if not isinstance(document, dict) or document.get("format") != fmt:
+        raise ModelFileError(path, f"not a {what} (format is not {fmt!r})", field="format")
+    version = document.get(key)
     if type(version) is not int or version < 1:
-        raise ModelFileError(model_file, f"corrupt: format_version {version!r}", field="format_version")
+        raise ModelFileError(path, f"corrupt: {key} {version!r}", field=key)
+    return version
+
+
+def _check_document(document, model_file: Path) -> dict:
+    version = _format_version(document, model_file, FORMAT, "gpzoo model file", "format_version", FORMAT_VERSION)
     if version > FORMAT_VERSION:
         from gpzoo import __version__  # noqa: PLC0415
 
