@@ -122,8 +122,8 @@ class SampleResult:
         else:
             v = jnp.asarray(_flat(self.samples[V_SITE]))  # [S, L, GM]
             mean, var = _whitened_moments(self.init.family, self.fixed, hyper, v, jnp.asarray(Xc))
-        likelihoods = _likelihoods(self.spec, self.fixed, hyper, mean.shape[0])
-        y_mean, y_var, probs = _predictive(likelihoods, mean, var, self.spec.likelihood.task)
+        likelihood, per_draw = _likelihood_draws(self.spec, self.fixed, hyper)
+        y_mean, y_var, probs = _predictive(likelihood, per_draw, mean, var, self.spec.likelihood.task)
         f_mean = np.asarray(mean.mean(axis=0))
         f_var = np.asarray(var.mean(axis=0) + mean.var(axis=0))
         y_m = np.asarray(y_mean.mean(axis=0))
@@ -177,26 +177,22 @@ def _whitened_model(family: SVGP, fixed: dict, X, y):
 
 
 # ----------------------------------------------------------------------------- predictions
-def _with(fixed: dict, draw: dict) -> dict:
-    return {**fixed, **draw}
-
-
 def _collapsed_moments(spec, fixed, hyper, X, y, Xc):
     """Per-draw exact posterior mean and variance of f at ``Xc``: ``[S, n]`` each."""
     def one(draw):
         with seed(rng_seed=0):
-            kernel, likelihood = _realised(spec, _with(fixed, draw))
+            kernel, likelihood = _realised(spec, {**fixed, **draw})
         noise = likelihood.resolved().noise_variance + spec.jitter
         return exact_posterior(kernel.resolved(), noise, X, y, Xc)
 
-    return _vmapped(one, hyper, X.dtype)
+    return _over_draws(one, hyper)
 
 
 def _whitened_moments(family, fixed, hyper, v, Xc):
     """Per-draw mean and variance ``[S, n, L]`` of p(f | u_s, θ_s) at ``Xc``."""
     def one(args):
         draw, v_s = args
-        with seed(rng_seed=0), substitute(data=_with(fixed, draw)):
+        with seed(rng_seed=0), substitute(data={**fixed, **draw}):
             parts = family.prior_parts()
         coordinates = v_s if family.spec.whiten else blockdiag_matvec(parts.Luu, v_s)
         mean, var = family.conditional_given_u(parts, Xc, coordinates)
@@ -205,38 +201,35 @@ def _whitened_moments(family, fixed, hyper, v, Xc):
     return jax.lax.map(one, (hyper, v))
 
 
-def _vmapped(fn, hyper, dtype):
+def _over_draws(fn, hyper):
+    """``fn`` of each draw of ``hyper`` (``[S, ...]`` per site), stacked; one draw of nothing without sampled sites."""
     if hyper:
         return jax.lax.map(fn, hyper)
     mean, var = fn({})
     return mean[None], var[None]
 
 
-def _likelihoods(spec, fixed, hyper, num_draws):
-    """The realised likelihood per draw (a list; one shared object when it has no sampled site)."""
-    names = [k for k in hyper if k.startswith(LIKELIHOOD_SITE + ".")]
-    if not names:
+def _likelihood_draws(spec, fixed, hyper):
+    """``(likelihood, per_draw)``: the realised likelihood, stacked over draws (a pytree with a leading
+    draw axis) when it has sampled sites, else one object shared by every draw."""
+    sampled = {k: v for k, v in hyper.items() if k.startswith(LIKELIHOOD_SITE + ".")}
+
+    def one(draw):
         with seed(rng_seed=0):
-            return [_realised(spec, fixed)[1]] * num_draws
-    out = []
-    for s in range(num_draws):
-        with seed(rng_seed=0):
-            out.append(_realised(spec, _with(fixed, {k: hyper[k][s] for k in names}))[1])
-    return out
+            return _realised(spec, {**fixed, **draw})[1]
+
+    return (jax.vmap(one)(sampled), True) if sampled else (one({}), False)
 
 
-def _predictive(likelihoods, mean, var, task):
+def _predictive(likelihood, per_draw: bool, mean, var, task):
     """y moments ``[S, n, K]`` and class probabilities ``[S, n, C]`` (None unless classifying) per draw."""
-    classify = task in ("binary", "multiclass")
-    y_means, y_vars, probs = [], [], []
+    axes = (0 if per_draw else None, 0, 0)
+    y_mean, y_var = jax.vmap(lambda lk, m, v: lk.predict_mean_and_var(m, v), in_axes=axes)(likelihood, mean, var)
+    if task not in ("binary", "multiclass"):
+        return y_mean, y_var, None
     key = jax.random.PRNGKey(_EXPECTATION_KEY)
-    for s, likelihood in enumerate(likelihoods):
-        y_m, y_v = likelihood.predict_mean_and_var(mean[s], var[s])
-        y_means.append(y_m)
-        y_vars.append(y_v)
-        if classify:
-            probs.append(likelihood.predict_probs(mean[s], var[s], key=key))
-    return jnp.stack(y_means), jnp.stack(y_vars), (jnp.stack(probs) if classify else None)
+    probs = jax.vmap(lambda lk, m, v: lk.predict_probs(m, v, key=key), in_axes=axes)(likelihood, mean, var)
+    return y_mean, y_var, probs
 
 
 def _pointwise_log_lik(result: SampleResult) -> np.ndarray:
@@ -252,11 +245,11 @@ def _pointwise_log_lik(result: SampleResult) -> np.ndarray:
     else:
         v = jnp.asarray(_flat(result.samples[V_SITE]))
         mean, var = _whitened_moments(result.init.family, result.fixed, hyper, v, jnp.asarray(X))
-    likelihoods = _likelihoods(result.spec, result.fixed, hyper, mean.shape[0])
+    likelihood, per_draw = _likelihood_draws(result.spec, result.fixed, hyper)
     observed = result.init.family._observed(jnp.asarray(y)) if hasattr(result.init.family, "_observed") else y
     key = jax.random.PRNGKey(_EXPECTATION_KEY)
-    log_lik = np.stack([np.asarray(lk.predict_log_density(observed, mean[s], var[s], key=key))
-                        for s, lk in enumerate(likelihoods)])  # [S, N]
+    log_lik = np.asarray(jax.vmap(lambda lk, m, v: lk.predict_log_density(observed, m, v, key=key),
+                                  in_axes=(0 if per_draw else None, 0, 0))(likelihood, mean, var))  # [S, N]
     chains = result.num_chains
     return log_lik.reshape(chains, -1, log_lik.shape[-1])
 

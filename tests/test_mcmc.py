@@ -219,3 +219,20 @@ def test_arviz_imported_before_numpyro_breaks_nothing():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 0 and "ok True 1.0" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_a_sampled_noise_variance_enters_the_prediction_draw_by_draw():
+    """A prior on the likelihood's noise: each draw's likelihood is its own, so the predictive
+    variance of y exceeds that of f by exactly the posterior mean of the noise variance."""
+    X, y = _data(15)
+    spec = _spec(Fixed(0.8), num_inducing=5)
+    spec = dataclasses.replace(spec, likelihood=dataclasses.replace(spec.likelihood,
+                                                                    noise_variance=dist.LogNormal(-3.0, 0.5)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SamplerWarning)  # a short run: only the predictive's algebra is checked
+        res = sample(spec, X, y, num_warmup=50, num_samples=50, num_chains=2)
+    noise = res.samples["likelihood.noise_variance"]
+    assert res.method == "collapsed" and np.unique(noise).size > 1
+    pred = gpzoo.predict(res, X_STAR)
+    np.testing.assert_allclose(pred.y_var[:, 0] - pred.f_var[:, 0], noise.mean(), rtol=1e-8)
+    assert res.datatree["log_likelihood"]["y"].shape == (2, 50, X.shape[0])
