@@ -81,9 +81,15 @@ import xarray as xr
 from arviz_base import from_dict
 
 from gpzoo.inference.fit import predict
-from gpzoo.inference.posterior import draws_and_summaries, pointwise_given_u, sample_inducing, summaries_supported
+from gpzoo.inference.posterior import (
+    PointwiseDraws,
+    draws_and_summaries,
+    pointwise_given_u,
+    sample_inducing,
+    summaries_supported,
+)
 from gpzoo.inference.results import FIXED, SAMPLED, TYPE_II, ElboEstimate, FitResult, Prediction
-from gpzoo.models.errors import GPZooError, InvalidArgumentError, ShapeError
+from gpzoo.models.errors import GPZooError, InvalidArgumentError, ShapeError, as_float_array
 from gpzoo.models.parameters import Parameterised
 
 __all__ = ["LOO_VAR_NAME", "MAX_STORED_FEATURES", "MIN_DRAWS", "datatree_and_elbo", "heldout_view", "to_datatree",
@@ -148,6 +154,11 @@ def datatree_and_elbo(res: FitResult, X_test, y_test, *, num_draws: int = 200, s
         raise ShapeError("X_test", f"expected [{y_test.shape[0]}, D] to match y_test, got shape {X_test.shape}")
     train_index = _row_index(train_index, len(res.y_train), "train_index")
     test_index = _row_index(test_index, len(y_test), "test_index")
+    standardisation = res.standardisation
+    X_given, y_given = X_test, y_test  # in the units of the data passed to fit
+    if standardisation is not None:  # computed in the model's units, reported in the original ones
+        X_test = standardisation.inputs(as_float_array(X_test, "X_test", ndim=2))
+        y_test = standardisation.targets(y_test)
     key_u, key_test, key_train = jax.random.split(jax.random.PRNGKey(seed), 3)
 
     elbo = None
@@ -167,8 +178,16 @@ def datatree_and_elbo(res: FitResult, X_test, y_test, *, num_draws: int = 200, s
         draws = sample_inducing(res, int(num_draws), key_u)
         test = pointwise_given_u(res, X_test, y_test, draws, key_test)
         train = pointwise_given_u(res, res.X_train, res.y_train, draws, key_train) if include_train else None
-        pred = predict(res, X_test, seed=seed)
+        pred = predict(dataclasses.replace(res, standardisation=None), X_test, seed=seed)  # the model's units
 
+    if standardisation is not None:
+        test, pred = _original_units(standardisation, test), standardisation.prediction(pred)
+        train = None if train is None else _original_units(standardisation, train)
+        elbo = None if elbo is None else standardisation.elbo(elbo, res.num_data)
+        X_train, y_train = standardisation.original_inputs(res.X_train), standardisation.original_targets(res.y_train)
+    else:
+        X_train, y_train = res.X_train, res.y_train
+    X_test, y_test = X_given, y_given
     S = draws.num_draws
     L, GM = draws.u.shape[1:]
     task = res.spec.likelihood.task
@@ -212,14 +231,14 @@ def datatree_and_elbo(res: FitResult, X_test, y_test, *, num_draws: int = 200, s
     if train is not None:
         data["posterior_predictive"] = {"y": targets(train.y_rep)[None]}
         data["log_likelihood"] = {"y": train.log_lik[None]}
-        data["observed_data"] = {"y": targets(res.y_train)}
+        data["observed_data"] = {"y": targets(y_train)}
         log_p = draws.log_prior + train.log_lik.sum(axis=1)  # [S]
         data["sample_stats"].update(log_p=log_p[None], lp=log_p[None])
     stored = X_test.shape[1] <= MAX_STORED_FEATURES
     if stored:
         data["predictions_constant_data"] = {"X": X_test}
         if train is not None:
-            data["constant_data"] = {"X": np.asarray(res.X_train)}
+            data["constant_data"] = {"X": np.asarray(X_train)}
     input_attrs = {"image_shape": list(res.spec.image_shape or ()), "stored_inputs": int(stored)}
 
     attrs = {
@@ -236,6 +255,7 @@ def datatree_and_elbo(res: FitResult, X_test, y_test, *, num_draws: int = 200, s
             "seed": seed,
             "loo_var_name": LOO_VAR_NAME if train is not None else "",
             "objective": res.objective,
+            "standardised": int(standardisation is not None),
             "inference_library": "gpzoo (numpyro)",
         }),
         "posterior": _netcdf_attrs({
@@ -262,6 +282,12 @@ def datatree_and_elbo(res: FitResult, X_test, y_test, *, num_draws: int = 200, s
         _record_site(sites, var, site)
     dt.attrs["site_names"] = json.dumps(sites)
     return dt, elbo
+
+
+def _original_units(standardisation, draws: PointwiseDraws) -> PointwiseDraws:
+    """Pointwise log-likelihoods and replicates of standardised targets -> those of the original
+    targets (each log density minus log sd(y), the change of variables)."""
+    return PointwiseDraws(draws.log_lik - standardisation.log_y_scale, standardisation.original_targets(draws.y_rep))
 
 
 def heldout_view(dt: xr.DataTree) -> xr.DataTree:

@@ -194,8 +194,11 @@ def validate_data(spec, X, y):
     return X.astype(float_dtype()), y
 
 
-def check_new_inputs(res, X, argument: str = "X_new") -> np.ndarray:
-    """Eager checks of inputs ``X`` ``[N, D]`` for the fitted model ``res`` (same width D, kernel's own checks)."""
+def check_new_inputs(res, X, argument: str = "X_new", *, original_units: bool = False) -> np.ndarray:
+    """Eager checks of inputs ``X`` ``[N, D]`` for the fitted model ``res`` (same width D, kernel's own checks).
+
+    ``original_units``: ``X`` is in the units of the data passed to ``fit``; a model fitted with
+    ``standardise=True`` maps it to its own (in float64, before the cast to the model's precision)."""
     X = as_float_array(X, argument, ndim=2)
     if X.shape[0] == 0:
         raise ShapeError(argument, f"is empty (shape {X.shape}); pass at least one row")
@@ -204,6 +207,8 @@ def check_new_inputs(res, X, argument: str = "X_new") -> np.ndarray:
     check = getattr(res.spec.covariance_model, "validate_inputs", None)
     if check is not None:
         check(X)
+    if original_units and getattr(res, "standardisation", None) is not None:
+        X = res.standardisation.inputs(X)
     return X.astype(float_dtype())
 
 

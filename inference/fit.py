@@ -47,10 +47,18 @@ from gpzoo.inference.pg_natgrad import fit_pg_natgrad
 from gpzoo.inference.programs import pad_rows, row_blocks
 from gpzoo.inference.results import ElboEstimate, FitResult, Prediction
 from gpzoo.inference.runner import AUTO_MAX_STEPS, FitSettings
+from gpzoo.inference.scaling import Standardisation, check_data_scale
 from gpzoo.inference.svgp import SVGP
 from gpzoo.inference.svi import fit_svi
 from gpzoo.models import draws
-from gpzoo.models.errors import ConvergenceWarning, InvalidArgumentError, check_integer, check_seed
+from gpzoo.models.errors import (
+    ConvergenceWarning,
+    InvalidArgumentError,
+    as_float_array,
+    check_flag,
+    check_integer,
+    check_seed,
+)
 from gpzoo.models.zoo import ModelSpec
 
 __all__ = ["METHODS", "ElboCalls", "ElboEstimate", "FitResult", "Method", "Prediction", "PredictCalls", "build_family",
@@ -136,6 +144,7 @@ def fit(
     chunk_size: int = 25,
     devices=None,
     max_steps: int = AUTO_MAX_STEPS,
+    standardise: bool = False,
 ) -> FitResult:
     """Fit ``spec`` to (X, y) by the spec's inference method; returns a :class:`FitResult`.
 
@@ -166,6 +175,17 @@ def fit(
     ELBO's data term summed across them (:mod:`gpzoo.inference.sharding`; ``batch_size`` must be a
     multiple of the device count). It applies to the models fitted by SVI, whose data term is a
     sum over data points; the Pólya–Gamma natural-gradient and deep-kernel-machine fitters refuse it.
+
+    Data scale: data far from unit scale for the precision of the fit (feature columns spread over
+    more than 1e3 or less than 1e-3, an offset float32 cannot resolve, regression targets of order
+    1e3 and above) warn with a :class:`~gpzoo.models.errors.DataScaleWarning` naming ``X`` or ``y``.
+    ``standardise=True`` centres and scales each feature column (vector inputs; image pixels stay
+    in [0, 1]) and Gaussian regression targets, in float64 before the cast to the fit's precision;
+    the map is stored in the result (``result.standardisation``, saved with it), ``predict``,
+    ``evaluate_elbo`` and ``to_datatree`` take and return original units, and the objective and
+    log densities of y include the change of variables (−log sd(y) per target), so they compare
+    with fits without it (:mod:`gpzoo.inference.scaling`; not the default, which reports
+    everything for the data as passed).
 
     Compiled once per model structure: a second fit of the same structure (other data of the same
     shape, seed, step count or learning rate) runs the programs the first compiled
@@ -202,8 +222,23 @@ def fit(
     if isinstance(X, MemmapSource) and not method.streams_data:
         raise InvalidArgumentError("X", f"model {spec.name!r} is fitted by {fitter}, which reads its data in memory; "
                                         "pass arrays (a data source is read by the SVI fitter)")
+    standardisation = None
+    if check_flag(standardise, "standardise"):
+        if isinstance(X, MemmapSource):
+            raise InvalidArgumentError("standardise", "applies to data held in memory; standardise the .npy files "
+                                                      "before opening them")
+        validate_data(spec, X, y)  # typed errors on the data as passed, before any arithmetic on it
+        standardisation = Standardisation.of(spec, X, y)
+        X, y = standardisation.inputs(X), standardisation.targets(y)
+    elif not isinstance(X, MemmapSource):
+        validate_data(spec, X, y)  # typed errors first, then the scale of the data as passed
+        check_data_scale(spec, as_float_array(X, "X", ndim=2), y, stacklevel=3)
     with threadpoolctl.threadpool_limits(1, user_api="blas"):
         res = method.fitter(spec, X, y, family_class=method.family, settings=settings)
+    if standardisation is not None:
+        # the objective of the data as passed: each target's density carries the Jacobian 1 / sd(y)
+        res = dataclasses.replace(res, standardisation=standardisation,
+                                  objective_history=res.objective_history - res.num_data * standardisation.log_y_scale)
     warn_if_unconverged(res, stacklevel=3)
     return res
 
@@ -252,11 +287,14 @@ def predict(res: FitResult, X_new, *, num_samples: int = 0, seed: int = 0, batch
     if isinstance(res, SampleResult):
         return res.predict(X_new, batch_size=batch_size)
     _check_result(res)
+    standardisation = res.standardisation
     if isinstance(X_new, MemmapSource):
         source = check_new_source(res, X_new)
-        num_rows, rows_of = len(source), source.rows
+        num_rows = len(source)
+        rows_of = source.rows if standardisation is None else (  # mapped in float64, then cast
+            lambda rows: standardisation.inputs(as_float_array(source.raw_rows(rows), "X_new", ndim=2)))
     else:
-        X_new = check_new_inputs(res, X_new)
+        X_new = check_new_inputs(res, X_new, original_units=True)
         num_rows, rows_of = X_new.shape[0], X_new.__getitem__
     check_integer(num_samples, "num_samples", minimum=0)
     check_seed(seed)
@@ -276,7 +314,8 @@ def predict(res: FitResult, X_new, *, num_samples: int = 0, seed: int = 0, batch
         key_s = jax.random.split(jax.random.PRNGKey(seed), 3)[1]
         eps = np.asarray(draws.normal(key_s, (num_samples,) + f_mean.shape))
         f_samples = f_mean[None] + np.sqrt(np.maximum(f_var, 0.0))[None] * eps
-    return Prediction(f_mean, f_var, y_mean, y_var, probs, f_samples)
+    prediction = Prediction(f_mean, f_var, y_mean, y_var, probs, f_samples)
+    return prediction if standardisation is None else standardisation.prediction(prediction)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,12 +402,15 @@ def evaluate_elbo(res: FitResult, X=None, y=None, *, num_samples: int = 32, seed
     check_integer(batch_size, "batch_size", minimum=1)
     if (X is None) != (y is None):
         raise InvalidArgumentError("X" if X is None else "y", "pass X and y together (or neither, for the training data)")
+    standardisation = res.standardisation
+    if X is not None and y is not None and standardisation is not None:  # original units -> the model's
+        validate_data(res.spec, X, y)
+        X = standardisation.inputs(as_float_array(X, "X", ndim=2))
+        y = standardisation.targets(res.spec.likelihood.validate_targets(y))
     training = (X is None and y is None) or (
-        X is not None and y is not None and np.shape(X) == res.X_train.shape and np.shape(y) == res.y_train.shape
-        and np.array_equal(X, res.X_train) and np.array_equal(y, res.y_train))
-    X = res.X_train if X is None else X
-    y = res.y_train if y is None else y
-    X, y = validate_data(res.spec, X, y)
+        np.shape(X) == res.X_train.shape and np.shape(y) == res.y_train.shape
+        and np.array_equal(np.asarray(X, res.X_train.dtype), res.X_train) and np.array_equal(y, res.y_train))
+    X, y = validate_data(res.spec, res.X_train if X is None else X, res.y_train if y is None else y)
     calls = elbo_calls(res, X, y, training=training, num_samples=num_samples, seed=seed, batch_size=batch_size)
     S = calls.num_draws
     estimates, ell_total, kl_total = [], 0.0, 0.0
@@ -383,7 +425,8 @@ def evaluate_elbo(res: FitResult, X=None, y=None, *, num_samples: int = 32, seed
         kl_total += float(kl) / S
     elbo_draws = np.asarray(estimates)
     stderr = float(elbo_draws.std(ddof=1) / math.sqrt(S)) if S > 1 else (math.nan if calls.stochastic else 0.0)
-    return ElboEstimate(float(elbo_draws.mean()), stderr, ell_total, kl_total, S, elbo_draws)
+    estimate = ElboEstimate(float(elbo_draws.mean()), stderr, ell_total, kl_total, S, elbo_draws)
+    return estimate if standardisation is None else standardisation.elbo(estimate, len(y))
 
 
 @dataclasses.dataclass(frozen=True)

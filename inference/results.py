@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from gpzoo.inference.scaling import Standardisation
 from gpzoo.models.parameters import Fixed, Parameterised
 from gpzoo.models.zoo import ModelSpec
 
@@ -275,6 +276,9 @@ class FitResult:
     (e.g. :class:`gpzoo.inference.svgp.SVGP`) that holds the NumPyro model and guide.
     :attr:`converged` says whether the objective had levelled off by the last step (None: too few
     steps to judge) and :attr:`convergence` gives the numbers behind it (:func:`assess_convergence`).
+    ``standardisation`` is the map ``fit(standardise=True)`` applied to the data
+    (:class:`~gpzoo.inference.scaling.Standardisation`; None: none): ``X_train`` / ``y_train`` and
+    the parameters are then in standardised units, ``objective_history`` in those of the data as passed.
     """
 
     spec: ModelSpec
@@ -292,6 +296,7 @@ class FitResult:
     batch_size: int | None = None
     objective: str = "ELBO"
     step_size: str = "learning rate"
+    standardisation: Standardisation | None = None
 
     @property
     def convergence(self) -> Convergence:

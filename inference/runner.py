@@ -225,6 +225,41 @@ class ChunkProgram:
             diagnostics["last_jitter"] = jitter
 
 
+#: Hyperparameter magnitudes outside this range are named when the objective is non-finite at step 0.
+EXTREME_HYPERPARAMETERS = (1e-6, 1e6)
+
+
+def initial_state_diagnosis(params: dict, gradient: bool = False) -> str:
+    """What a non-finite objective at step 0 (before any update), or non-finite parameters after the
+    first update (``gradient``: the gradient at the start was not finite), point to: the initial
+    parameters that are non-finite, hyperparameters of extreme magnitude, else the data's scale —
+    never the learning rate, which has not acted yet."""
+    values = {name: np.asarray(value) for name, value in params.items()}
+    nonfinite = sorted(name for name, value in values.items()
+                       if value.dtype.kind in "fc" and not np.all(np.isfinite(value)))
+    low, high = EXTREME_HYPERPARAMETERS
+    extreme = []
+    for name, value in values.items():
+        if not name.startswith(("kernel.", "likelihood.")) or value.dtype.kind not in "fc" or name in nonfinite:
+            continue
+        magnitude = np.abs(value[value != 0]) if value.size else value
+        if magnitude.size and (magnitude.max() > high or magnitude.min() < low):
+            shown = magnitude.max() if magnitude.max() > high else magnitude.min()
+            extreme.append(f"{name} = {float(shown):.3g}")
+    causes = []
+    if nonfinite:
+        causes.append(f"the initial value of {', '.join(nonfinite)} is not finite")
+    if extreme:
+        causes.append(f"hyperparameters start far from unit scale ({', '.join(extreme)})")
+    found = "; ".join(causes) if causes else (
+        "every initial parameter is finite, so the data are the likely cause: inputs or targets far from unit "
+        "scale (a DataScaleWarning says so; fit(..., standardise=True) rescales them) or duplicated inputs "
+        "with too little jitter")
+    what = ("The gradient of the objective is non-finite at the initial parameters (the first update made them "
+            "non-finite)" if gradient else "The objective is non-finite at the initial parameters, before any update")
+    return f"{what}, so the learning rate plays no part: {found}."
+
+
 class ClosureStep:
     """A step given as closures (``update(state, inputs, constants)``, ``jitter_of(state)``), keyed by
     identity: its chunk program compiles once per object. For fitters whose step is not yet a
@@ -403,8 +438,12 @@ def run_chunks(program: ChunkProgram, state, *, steps: int, chunk_size: int, che
                 what = (f"the {program.objective} became {objective[bad - step]}" if bad_objective and bad == bad_objective[0]
                         else "the parameters became non-finite")
                 where = f"; last good checkpoint (step {good}) in {checkpoint_dir}" if saved_step == good else ""
+                # by step 1 the learning rate has not shaped anything (Adam's first step moves each parameter
+                # by about the learning rate): the cause is the data or the starting point
+                hint = initial_state_diagnosis(program.params_of(state), gradient=bad == 1) if bad <= 1 and step == 0 \
+                    else program.hint
                 raise TrainingError(
-                    f"{what} at step {bad} of {name!r}{where}. {program.hint}".rstrip(),
+                    f"{what} at step {bad} of {name!r}{where}. {hint}".rstrip(),
                     step=bad,
                     checkpoint=str(checkpoint_dir) if where else None,
                 )

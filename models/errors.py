@@ -222,6 +222,16 @@ class ImageRangeWarning(GPZooWarning):
     """Image inputs of a convolutional model have values outside [0, 1]."""
 
 
+class DataScaleWarning(GPZooWarning):
+    """Training data far from the unit scale the zoo models start from (features spread over
+    thousands, regression targets of order 1e6, an offset float32 cannot resolve): ``argument``
+    names ``X`` or ``y``; the message says what was found and the fix (``fit(standardise=True)``)."""
+
+    def __init__(self, message: str, argument: str = ""):
+        super().__init__(message)
+        self.argument = argument
+
+
 class UnverifiedModelWarning(GPZooWarning):
     """A saved model predates signed manifests (format version < 3): it loads, but nothing checks
     its ``model.json``; re-saving it signs it."""
