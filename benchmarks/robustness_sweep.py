@@ -28,6 +28,28 @@ Goal: 0 Cholesky failures, 0 diverged fits, 0 non-finite results, 0 errors. Writ
 the models a cut-short merge had finished in every precision. A run with other ``--steps`` than
 the file's protocol or a ``--num-inducing`` override (a model whose default M the data set cannot
 supply) is recorded per model (``protocol["deviations"]``), with ``--reason`` saying why.
+
+Shifted and scaled data (``--transforms``): the same fits on the same images with every pixel of
+the training and test inputs shifted (``shift``: X + 1e3) or scaled (``scale``: X * 1e3); the
+untransformed run (``none``) of the same model, seed and precision, made in the same execution, is
+the reference. Each run records its outcome as above (non-finite objective, parameters,
+predictions or ELBO; the error type if any), its test accuracy, its drop against the reference
+and the gpzoo warnings (subclasses of ``GPZooWarning``, by class name) its fit, predict and ELBO
+raised. Image inputs leaving [0, 1] are expected to raise ``ImageRangeWarning`` (the convolutional
+kernels check it; a model without a patch kernel may raise nothing), vector inputs far from unit
+scale ``DataScaleWarning``. A drop of more than 1 point (0.01) is *unexplained* unless the run
+raised one of those two warnings. Per model × precision × transform: runs, non-finite results,
+diverged fits, Cholesky failures, other errors, mean accuracy, mean and largest drop, drops over
+the tolerance, unexplained drops, the warnings (runs raising each, and one message of each); every
+run's record is kept under ``results[dtype]["runs"]``, the range of the training inputs each
+transform gives under ``results[dtype]["input_range"]``. Goal: 0 non-finite results, 0 diverged
+fits, 0 Cholesky failures, 0 errors and 0 unexplained drops. Writes
+``benchmarks/results/shift_scale_sweep.json`` (the default run above and its JSON are unchanged);
+``--collect`` works as above, ``--merge`` does not apply.
+
+    .venv/bin/python benchmarks/robustness_sweep.py --transforms none,shift,scale            # the full sweep
+    .venv/bin/python benchmarks/robustness_sweep.py --transforms none,shift,scale --models svgp-rbf,conv --seeds 2 --out /tmp/shift_scale.json
+    .venv/bin/python benchmarks/robustness_sweep.py --transforms none,shift,scale --collect  # a full sweep cut short
 """
 
 from __future__ import annotations
@@ -35,10 +57,12 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
+import functools
 import json
 import multiprocessing
 import tempfile
 import time
+import types
 import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -50,6 +74,7 @@ import pytest
 from _common import machine_info, now, write_json  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "robustness_sweep.json"
+SHIFT_SCALE_OUT = Path(__file__).parent / "results" / "shift_scale_sweep.json"
 DATA = {"name": "rectangles", "image_size": 10, "num_train": 100, "num_test": 20}
 DTYPES = ("float32", "float64")
 NUM_SEEDS = 20
@@ -57,8 +82,9 @@ STEPS = 100
 ELBO_SAMPLES = 4
 
 
-def run_one(name: str, data, seed: int, steps: int, num_inducing: dict | None = None) -> dict:
-    """Fit, predict and evaluate model ``name`` with seed ``seed``; the outcome as a record."""
+def run_one(name: str, data, seed: int, steps: int, num_inducing: dict | None = None, with_accuracy: bool = False) -> dict:
+    """Fit, predict and evaluate model ``name`` with seed ``seed``; the outcome as a record (with the test
+    accuracy, None unless the predictions are finite, when ``with_accuracy``)."""
     from gpzoo.inference import evaluate_elbo, fit, predict  # noqa: PLC0415 - after the precision is set
     from gpzoo.models import zoo  # noqa: PLC0415
     from gpzoo.models.errors import NumericalError, TrainingError  # noqa: PLC0415
@@ -78,6 +104,8 @@ def run_one(name: str, data, seed: int, steps: int, num_inducing: dict | None = 
                   pred.probs, [elbo.elbo]]
         if not all(v is None or np.all(np.isfinite(np.asarray(v, dtype=float))) for v in values):
             record["outcome"] = "non_finite"
+        if with_accuracy:
+            record["accuracy"] = accuracy_of(pred.probs, data.y_test)
     except NumericalError as exc:
         record.update(outcome="cholesky_failure", error=f"{type(exc).__name__}: {exc}")
     except TrainingError as exc:  # the NaN guard
@@ -86,6 +114,20 @@ def run_one(name: str, data, seed: int, steps: int, num_inducing: dict | None = 
         record.update(outcome="error", error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
     record["seconds"] = time.perf_counter() - start
     return record
+
+
+def accuracy_of(probs, labels) -> float | None:
+    """The fraction of test labels the class probabilities get right (binary: P(y = 1) > 1/2); None
+    when there are no probabilities or they are not finite."""
+    if probs is None:
+        return None
+    labels = np.asarray(labels).astype(int)
+    p = np.asarray(probs, dtype=np.float64).reshape(len(labels), -1)
+    if not np.all(np.isfinite(p)):
+        return None
+    predicted = (p[:, -1] > 0.5).astype(int) if p.shape[1] == 1 else p.argmax(axis=1)
+    return float(np.mean(predicted == labels))
+
 
 
 def use_compilation_cache(directory: Path) -> None:
@@ -133,6 +175,129 @@ def sweep(models, dtype: str, seeds: int, steps: int, cache: Path | None = None,
     return {"models": per_model, "failures": failures}
 
 
+#: The data modes of ``--transforms``: what each does to every pixel of the training and test inputs.
+SHIFT, SCALE = 1e3, 1e3
+TRANSFORMS = {"none": "X", "shift": f"X + {SHIFT:g}", "scale": f"X * {SCALE:g}"}
+#: Largest accuracy drop against the untransformed run of the same model, seed and precision (1 point).
+ACCURACY_TOLERANCE = 0.01
+#: The gpzoo warnings that say a fit's data are off the scale it expects: a drop past the tolerance
+#: in a run that raised one of them is explained; any other drop is not.
+DATA_WARNINGS = ("ImageRangeWarning", "DataScaleWarning")
+
+
+def transformed(data, transform: str):
+    """``data``'s arrays with ``transform`` applied to every feature of ``X_train`` and ``X_test``
+    (in float64, before the fit casts to its precision). Not a ``Dataset``: that one checks images lie in [0, 1]."""
+    def apply(X):
+        X = np.asarray(X, dtype=np.float64)
+        return {"none": X, "shift": X + SHIFT, "scale": X * SCALE}[transform]
+
+    return types.SimpleNamespace(X_train=apply(data.X_train), X_test=apply(data.X_test), y_train=data.y_train,
+                                 y_test=data.y_test, image_shape=data.image_shape, task=data.task)
+
+
+def run_recorded(name: str, data, seed: int, steps: int, num_inducing: dict | None = None) -> dict:
+    """``run_one`` with its test accuracy and the gpzoo warnings its fit, predict and ELBO raised
+    (class names, each once, sorted; ``warning_messages``: the first message of each)."""
+    from gpzoo.models.errors import GPZooWarning  # noqa: PLC0415
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        record = run_one(name, data, seed, steps, num_inducing, with_accuracy=True)
+    messages = {}
+    for w in caught:
+        if issubclass(w.category, GPZooWarning):
+            messages.setdefault(w.category.__name__, " ".join(str(w.message).split())[:300])
+    record["warnings"] = sorted(messages)
+    record["warning_messages"] = messages
+    return record
+
+
+def summarise_transform(records: list[dict], reference: dict[int, dict]) -> dict:
+    """Counts, accuracies and drops of one model × precision × transform; ``reference``: the
+    untransformed runs of the same model and precision by seed."""
+    outcomes = collections.Counter(r["outcome"] for r in records)
+    accuracies = [r["accuracy"] for r in records if r.get("accuracy") is not None]
+    drops, over, unexplained, messages = [], 0, 0, {}
+    for r in records:
+        for cls, message in r.get("warning_messages", {}).items():
+            messages.setdefault(cls, message)
+        ref = reference.get(r["seed"], {}).get("accuracy")
+        if r.get("accuracy") is None or ref is None:
+            continue
+        drop = ref - r["accuracy"]
+        r["accuracy_drop"] = drop
+        drops.append(drop)
+        if drop > ACCURACY_TOLERANCE + 1e-12:
+            over += 1
+            unexplained += not any(w in DATA_WARNINGS for w in r["warnings"])
+    return {
+        "runs": len(records),
+        "non_finite": outcomes["non_finite"],
+        "diverged": outcomes["diverged"],
+        "cholesky_failures": outcomes["cholesky_failure"],
+        "errors": outcomes["error"],
+        "mean_accuracy": float(np.mean(accuracies)) if accuracies else None,
+        "mean_accuracy_drop": float(np.mean(drops)) if drops else None,
+        "max_accuracy_drop": float(np.max(drops)) if drops else None,
+        "drops_over_tolerance": over,
+        "unexplained_drops": unexplained,
+        "warnings": dict(sorted(collections.Counter(w for r in records for w in r["warnings"]).items())),
+        "warning_messages": dict(sorted(messages.items())),
+        "median_seconds": float(np.median([r["seconds"] for r in records])),
+    }
+
+
+def shift_scale_sweep(models, dtype: str, seeds: int, steps: int, transforms, cache: Path | None = None,
+                      partial: Path | None = None, num_inducing: dict | None = None) -> dict:
+    """Every model × ``seeds`` seeds × ``transforms`` in ``dtype``: per model and transform the
+    counts and accuracy drops against the ``none`` runs, every run's record, and the range of the
+    training inputs each transform gives (written to ``partial`` after each model)."""
+    jax.config.update("jax_enable_x64", dtype == "float64")
+    if cache is not None:
+        use_compilation_cache(cache)
+    from gpzoo.analysis import datasets  # noqa: PLC0415
+
+    data = datasets.load(DATA["name"], seed=0, **{k: v for k, v in DATA.items() if k != "name"})
+    variants = {t: transformed(data, t) for t in transforms}
+    result = {"input_range": {t: [float(v.X_train.min()), float(v.X_train.max())] for t, v in variants.items()},
+              "models": {}, "runs": []}
+    for name in models:
+        records = {t: [{"transform": t, **run_recorded(name, variants[t], seed, steps, num_inducing)} for seed in range(seeds)]
+                   for t in transforms}
+        jax.clear_caches()  # between models only: a model's runs share compiled programs (the transforms change no shape)
+        reference = {r["seed"]: r for r in records["none"]}
+        result["models"][name] = {t: summarise_transform(records[t], reference) for t in transforms}
+        for t in transforms:
+            for r in records[t]:
+                r.pop("warning_messages")
+                r["seconds"] = round(r["seconds"], 3)
+                result["runs"].append({"dtype": dtype, **r})
+        print(f"{dtype} {name}: " + "; ".join(
+            f"{t}: acc {result['models'][name][t]['mean_accuracy']}, drop {result['models'][name][t]['mean_accuracy_drop']}, "
+            f"unexplained {result['models'][name][t]['unexplained_drops']}, warnings {result['models'][name][t]['warnings']}"
+            for t in transforms), flush=True)
+        if partial is not None:
+            write_json(partial, {"dtype": dtype, **result})
+    return result
+
+
+def shift_scale_totals(report: dict) -> None:
+    """``totals``, ``goal_met`` and ``complete`` of a ``--transforms`` report, in place."""
+    keys = ("runs", "non_finite", "diverged", "cholesky_failures", "errors", "drops_over_tolerance", "unexplained_drops")
+    totals = collections.Counter({k: 0 for k in keys})
+    per_transform = {}
+    for result in report["results"].values():
+        for per_model in result["models"].values():
+            for t, counts in per_model.items():
+                totals.update({k: counts[k] for k in keys})
+                per_transform.setdefault(t, collections.Counter({k: 0 for k in keys})).update({k: counts[k] for k in keys})
+    report["totals"] = dict(totals)
+    report["totals_by_transform"] = {t: dict(c) for t, c in per_transform.items()}
+    report["goal_met"] = all(totals[k] == 0 for k in keys if k not in ("runs", "drops_over_tolerance"))
+    report["complete"] = not any(result.get("not_run") for result in report["results"].values())
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=None, help="comma-separated zoo models (default: every one)")
@@ -140,7 +305,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--dtypes", default=",".join(DTYPES))
     parser.add_argument("--workers", type=int, default=2, help="processes (one precision each; default 2; 1: all in this process)")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"the JSON to write (default {OUT.name}; with --transforms {SHIFT_SCALE_OUT.name})")
+    parser.add_argument("--transforms", default=None,
+                        help=f"the shifted / scaled data mode: comma-separated of {', '.join(TRANSFORMS)} (none, the reference, "
+                             "is required), e.g. none,shift,scale; records accuracies, drops and gpzoo warnings")
     parser.add_argument("--merge", action="store_true",
                         help="run only --models and merge them into the existing --out (its other models are kept)")
     parser.add_argument("--num-inducing", default=None,
@@ -150,6 +319,16 @@ def main(argv=None) -> dict:
     parser.add_argument("--collect", action="store_true",
                         help="write --out from the per-precision partial files of a sweep that was cut short (no fitting)")
     args = parser.parse_args(argv)
+    transforms = args.transforms.split(",") if args.transforms else None
+    if transforms is not None:
+        unknown = [t for t in transforms if t not in TRANSFORMS]
+        if unknown or "none" not in transforms or len(set(transforms)) != len(transforms):
+            parser.error(f"--transforms takes distinct names of {', '.join(TRANSFORMS)} including none, got {args.transforms!r}")
+        if args.merge:
+            parser.error("--merge is not available with --transforms")
+        transforms = ["none", *(t for t in transforms if t != "none")]  # the reference first
+    if args.out is None:
+        args.out = OUT if transforms is None else SHIFT_SCALE_OUT
     try:
         args.num_inducing = {k: int(v) for k, v in (item.split("=") for item in args.num_inducing.split(","))} \
             if args.num_inducing else {}
@@ -169,6 +348,15 @@ def main(argv=None) -> dict:
               "protocol": {"data": DATA, "seeds": args.seeds, "steps": args.steps, "elbo_samples": ELBO_SAMPLES,
                            "settings": "zoo defaults for each model; fit defaults (Adam, learning rate 0.01, full batch)"},
               "results": {}}
+    if transforms is not None:
+        report["protocol"].update(
+            transforms={t: TRANSFORMS[t] + " (every pixel of the training and test images)" for t in transforms},
+            accuracy_tolerance=ACCURACY_TOLERANCE, explaining_warnings=list(DATA_WARNINGS),
+            drop="accuracy of the none run of the same model, seed and precision minus this run's; a drop above the "
+                 "tolerance is unexplained unless the run raised one of the explaining warnings")
+        run_sweep = functools.partial(shift_scale_sweep, transforms=transforms)
+    else:
+        run_sweep = sweep
     dtypes = args.dtypes.split(",")
     tag = "." + "+".join(models) if args.merge else ""  # merges of different models may run side by side
     partial = {dtype: args.out.with_suffix(f"{tag}.{dtype}.partial.json") for dtype in dtypes}
@@ -184,14 +372,15 @@ def main(argv=None) -> dict:
         elif args.workers > 1:  # one process per precision (spawned: each sets its own JAX precision), one on-disk XLA cache
             context = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=min(args.workers, len(dtypes)), mp_context=context) as pool:
-                futures = {dtype: pool.submit(sweep, models, dtype, args.seeds, args.steps, Path(cache), partial[dtype],
-                                                   args.num_inducing)
+                futures = {dtype: pool.submit(run_sweep, models, dtype, args.seeds, args.steps, cache=Path(cache),
+                                              partial=partial[dtype], num_inducing=args.num_inducing)
                            for dtype in dtypes}
                 report["results"] = {dtype: future.result() for dtype, future in futures.items()}
         else:  # in this process, one precision after the other (no on-disk cache: this process's JAX stays as it was)
             previous = jax.config.jax_enable_x64
             try:
-                report["results"] = {dtype: sweep(models, dtype, args.seeds, args.steps, None, partial[dtype], args.num_inducing)
+                report["results"] = {dtype: run_sweep(models, dtype, args.seeds, args.steps, cache=None, partial=partial[dtype],
+                                                      num_inducing=args.num_inducing)
                                      for dtype in dtypes}
             finally:
                 jax.config.update("jax_enable_x64", previous)
@@ -201,6 +390,16 @@ def main(argv=None) -> dict:
         if args.collect:  # a merge cut short: only the models every precision finished are merged
             models = [name for name in models if all(name in r["models"] for r in report["results"].values())]
         report = merge_reports(json.loads(args.out.read_text()), report, models, args.steps, args.num_inducing, args.reason)
+    if transforms is not None:
+        if args.num_inducing:
+            report["protocol"]["num_inducing"] = args.num_inducing | {"reason": args.reason}
+        report["zoo_models_not_run"] = sorted(set(zoo.names()) - set(models))  # a sweep over some models says which it left out
+        shift_scale_totals(report)
+        write_json(args.out, report)
+        for path in partial.values():
+            path.unlink(missing_ok=True)
+        print(f"totals {report['totals']}; goal met: {report['goal_met']}; complete: {report['complete']}")
+        return report
     totals = collections.Counter()
     for result in report["results"].values():
         for counts in result["models"].values():

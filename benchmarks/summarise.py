@@ -29,7 +29,7 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 #: the order files appear in; files not listed follow alphabetically.
 ORDER = ("reproduce_conv", "reproduce_invariance", "reproduce_tick", "conv_kernels", "conv_kernels_mnist10", "conv_kernels_mnist10_tick",
          "svgp_scaling", "polya_gamma_throughput",
-         "invariance_toy", "gpflow_side_by_side", "pg_natgrad", "robustness_sweep")
+         "invariance_toy", "gpflow_side_by_side", "pg_natgrad", "robustness_sweep", "shift_scale_sweep")
 TITLES = {
     "reproduce_conv": "van der Wilk et al. 2017 reproduction: convolutional GPs (`benchmarks/reproduce_conv.py`)",
     "kernel_search": "Kernel structure search on the statsmodels series, extrapolating the last 20 % (`benchmarks/kernel_search.py`)",
@@ -48,6 +48,7 @@ TITLES = {
     "reproduce_tick": "Dutordoir et al. 2020 reproduction, CPU-sized: TICK and deep convolutional GPs (`benchmarks/reproduce_tick.py`)",
     "deep_conv_step": "2-layer deep TICK GP step against a straightforward JAX step and the machine's bound (`benchmarks/deep_conv_step.py`)",
     "robustness_sweep": "Robustness sweep: every zoo model × seeds × float32/float64 at default settings (`benchmarks/robustness_sweep.py`)",
+    "shift_scale_sweep": "Shifted and scaled data: zoo models × seeds × float32/float64 on pixels + 1e3 and × 1e3 against the unshifted run (`benchmarks/robustness_sweep.py --transforms none,shift,scale`)",
     "ray_speedup": "`gpzoo.compare` grid, sequential against Ray with 2 workers (`benchmarks/ray_speedup.py`)",
     "data_parallel_step": "Conv model step on 1 against 2 devices, same global batch (`benchmarks/data_parallel_step.py`)",
     "dkm_sine_toy": "Milsom et al. 2024, §4.2 / fig. 1: cond(G) of a one-layer DKM on the sine toy (`benchmarks/dkm_sine_toy.py`)",
@@ -350,6 +351,38 @@ def _robustness_sweep(report: dict) -> list[str]:
     return lines + [""] + \
         table(["model", "dtype", "runs", "Cholesky failures", "diverged", "runs with jitter increases", "non-finite", "errors",
                "max jitter"], rows)
+
+
+@formatter("shift_scale_sweep")
+def _shift_scale_sweep(report: dict) -> list[str]:
+    p, totals = report["protocol"], report["totals"]
+    data = p["data"]
+    rows = []
+    for dtype, result in report["results"].items():
+        for name, per_transform in result["models"].items():
+            rows += [[name, dtype, t, num(c["runs"]), num(c["non_finite"]), num(c["diverged"]), num(c["cholesky_failures"]),
+                      num(c["errors"]), pct(c["mean_accuracy"]), pct(c["mean_accuracy_drop"]), pct(c["max_accuracy_drop"]),
+                      num(c["drops_over_tolerance"]), num(c["unexplained_drops"]),
+                      ", ".join(f"{w} ({num(n)})" for w, n in c["warnings"].items()) or "—"]
+                     for t, c in per_transform.items()]
+    transforms = ", ".join(f"{t}: {definition.split(' (')[0]}" for t, definition in p["transforms"].items())
+    transforms += " on every pixel of the training and test images"
+    keys = ("non_finite", "diverged", "cholesky_failures", "errors", "unexplained_drops")
+    left_out = report.get("zoo_models_not_run") or []
+    lines = ["", f"{p['seeds']} seeds per model, precision and transform ({transforms}), {p['steps']} Adam steps at each "
+                 f"model's zoo defaults on {data['image_size']}×{data['image_size']} {data['name']} ({data['num_train']} "
+                 f"training, {data['num_test']} test images). The drop is the accuracy of the untransformed run of the same "
+                 f"model, seed and precision minus the run's; a drop of more than {pct(p['accuracy_tolerance'])} is "
+                 f"unexplained unless the run raised {' or '.join(p['explaining_warnings'])}. Totals over "
+                 f"{num(totals['runs'])} runs: " + ", ".join(f"{k.replace('_', ' ')} {num(totals[k])}" for k in keys)
+                 + f". Goal (none of these) met: {yes_no(report['goal_met'])}"
+                 + (f" for the models run; not run: {', '.join(left_out)}" if left_out else "")
+                 + ("" if report.get("complete", True) else "; the sweep was cut short before "
+                    + ", ".join(sorted({m for r in report["results"].values() for m in r.get("not_run", [])})))
+                 + f". {provenance(report)}", ""]
+    return lines + table(["model", "dtype", "data", "runs", "non-finite", "diverged", "Cholesky failures", "errors",
+                          "mean accuracy", "mean drop", "largest drop", "drops > tolerance", "unexplained", "gpzoo warnings (runs)"],
+                         rows)
 
 
 @formatter("dkm_sine_toy")

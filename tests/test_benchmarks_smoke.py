@@ -86,6 +86,55 @@ def test_robustness_sweep_tiny(tmp_path, float32):
     assert report["goal_met"]
 
 
+def test_shift_scale_sweep_tiny(tmp_path, float32):
+    sweep = _load("robustness_sweep")
+    out = tmp_path / "shift_scale.json"
+    # one model, one seed, three data modes: the first fit compiles, the shifted and scaled ones reuse its programs
+    report = sweep.main(["--models", "svgp-rbf", "--seeds", "1", "--steps", "3", "--dtypes", "float32", "--workers", "1",
+                         "--transforms", "none,shift,scale", "--out", str(out)])
+    assert json.loads(out.read_text()) == report and not list(tmp_path.glob("*.partial.json"))
+    assert set(report["protocol"]["transforms"]) == {"none", "shift", "scale"} and report["protocol"]["accuracy_tolerance"] == 0.01
+    result = report["results"]["float32"]
+    # the transforms reached the data the model saw: pixels in [0, 1], [1000, 1001] and [0, 1000]
+    assert result["input_range"] == {"none": [0.0, 1.0], "shift": [1000.0, 1001.0], "scale": [0.0, 1000.0]}
+    per_transform = result["models"]["svgp-rbf"]
+    assert set(per_transform) == {"none", "shift", "scale"}
+    for counts in per_transform.values():
+        assert counts["runs"] == 1 and counts["non_finite"] == counts["diverged"] == counts["errors"] == 0
+        assert 0.0 <= counts["mean_accuracy"] <= 1.0 and isinstance(counts["warnings"], dict)
+        assert counts["unexplained_drops"] <= counts["drops_over_tolerance"] <= 1
+    assert per_transform["none"]["mean_accuracy_drop"] == 0.0
+    assert sorted((r["transform"], r["seed"]) for r in result["runs"]) == [("none", 0), ("scale", 0), ("shift", 0)]
+    assert all(isinstance(r["warnings"], list) and r["accuracy"] is not None for r in result["runs"])
+    assert report["totals"]["runs"] == 3 and "conv" in report["zoo_models_not_run"]
+    assert report["goal_met"] == (report["totals"]["unexplained_drops"] == 0)
+
+
+def test_shift_scale_helpers():
+    """The transforms, the accuracy and the drop bookkeeping, without a fit: a drop past 1 point is
+    explained only by a data warning (ImageRangeWarning / DataScaleWarning)."""
+    import numpy as np  # noqa: PLC0415
+
+    sweep = _load("robustness_sweep")
+    data = sweep.types.SimpleNamespace(X_train=np.full((2, 16), 0.5), X_test=np.zeros((1, 16)), y_train=np.array([0, 1]),
+                                       y_test=np.array([1]), image_shape=(4, 4), task="binary")
+    assert sweep.transformed(data, "scale").X_train.max() == 500.0 and sweep.transformed(data, "shift").X_test.min() == 1000.0
+    assert sweep.transformed(data, "none").X_train.max() == 0.5
+    assert sweep.accuracy_of(np.array([[0.2], [0.9]]), np.array([0, 1])) == 1.0
+    assert sweep.accuracy_of(np.array([[0.7, 0.3], [0.6, 0.4]]), np.array([0, 1])) == 0.5
+    assert sweep.accuracy_of(np.array([[np.nan], [0.9]]), np.array([0, 1])) is None
+
+    def run(seed, accuracy, warnings=(), outcome="ok"):
+        return {"seed": seed, "outcome": outcome, "accuracy": accuracy, "warnings": list(warnings), "seconds": 1.0}
+
+    reference = {s: run(s, 0.9) for s in range(4)}
+    counts = sweep.summarise_transform([run(0, 0.9), run(1, 0.5, ["ImageRangeWarning"]), run(2, 0.5, ["ConvergenceWarning"]),
+                                        run(3, None, outcome="non_finite")], reference)
+    assert (counts["runs"], counts["non_finite"], counts["drops_over_tolerance"], counts["unexplained_drops"]) == (4, 1, 2, 1)
+    assert counts["mean_accuracy_drop"] == pytest.approx(0.8 / 3) and counts["max_accuracy_drop"] == pytest.approx(0.4)
+    assert counts["warnings"] == {"ConvergenceWarning": 1, "ImageRangeWarning": 1}
+
+
 @pytest.mark.benchmark
 def test_scan_convolutions_quick(tmp_path):
     """The scan benchmark's conv2d gradients compile without loop-emitted convolutions; autodiff's do not."""
