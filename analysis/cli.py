@@ -145,6 +145,9 @@ def _add_fit_options(parser, *, data_default):
     parser.add_argument("--num-inducing", type=_positive_int, default=DEFAULTS["num_inducing"],
                         help="inducing points / patches per model (default %(default)s)")
     parser.add_argument("--learning-rate", type=_positive_float, default=DEFAULTS["learning_rate"], help="Adam learning rate (default %(default)s)")
+    parser.add_argument("--standardise", action="store_true",
+                        help="centre and scale the features and regression targets of every fit (predictions, ELBOs "
+                             "and held-out densities stay in the data's units)")
     parser.add_argument("--num-train", type=_count_or_all, default=DEFAULTS["num_train"],
                         help="training points: a dataset option where it has one, else a seeded subsample; "
                              "'all' for every point (default %(default)s)")
@@ -515,7 +518,7 @@ def _run_record(args, model_names: list[str], options: dict, paths: dict) -> dic
             "num_inducing": args.num_inducing, "learning_rate": args.learning_rate, "num_train": args.num_train,
             "num_test": args.num_test, "likelihood": args.likelihood, "num_draws": args.num_draws,
             "options": {name: {k: _jsonable(v) for k, v in options[name].items()} for name in model_names},
-            "models": model_names}
+            "models": model_names} | ({"standardise": True} if getattr(args, "standardise", False) else {})
 
 
 def _fit_seeds(args) -> list[int]:
@@ -577,6 +580,7 @@ def _fit_and_report_locked(args, model_names, options, ds, likelihood, specs, X_
                 steps=args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate,
                 checkpoint_every=args.checkpoint_every, num_draws=args.num_draws, data_seed=args.seed, backend=args.backend,
                 backend_options=backend_options, save_models=args.save_models, progress=not args.quiet,
+                standardise=getattr(args, "standardise", False),
                 log=None if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True)))
     except FitsInterrupted as exc:
         raise Interrupted(f"interrupted; finished fits are saved in {exc.models_dir} ({', '.join(exc.finished) or 'none'}) "

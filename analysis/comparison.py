@@ -143,7 +143,7 @@ def fit_and_report(*, dataset, X_train, y_train, X_test, y_test, specs: Mapping[
                    runs: Mapping[str, tuple[str, int]], grouped: bool, out: Path, resume: bool, steps: int | str,
                    batch_size: int, learning_rate: float, checkpoint_every: int | None, num_draws: int, data_seed: int,
                    backend: str, backend_options: dict, save_models: bool, progress: bool,
-                   log: Callable[[str], None] | None, with_report: bool = True) -> Comparison:
+                   log: Callable[[str], None] | None, with_report: bool = True, standardise: bool = False) -> Comparison:
     """Fit every run (``{run name: (model, seed)}`` of ``specs``) on ``backend``, read the saved fits
     back and write the report to ``out`` (prepared and checked writable by the caller).
 
@@ -151,6 +151,7 @@ def fit_and_report(*, dataset, X_train, y_train, X_test, y_test, specs: Mapping[
     receives the progress messages (None: silent); ``progress`` shows progress bars.
     Raises :class:`FitsInterrupted` on Ctrl-C (finished fits stay saved). ``with_report=False``
     writes no report: the table is then the ELBO ranking alone (:func:`gpzoo.analysis.compare_elbo`).
+    ``standardise``: every fit standardises its data (``gpzoo.fit(..., standardise=True)``).
     """
     from gpzoo.analysis.backends import FitOptions, FitTask, run_fits  # noqa: PLC0415
     from gpzoo.analysis.report import report, unique_file_stems  # noqa: PLC0415
@@ -172,7 +173,7 @@ def fit_and_report(*, dataset, X_train, y_train, X_test, y_test, specs: Mapping[
     cache = persistent_cache()  # the user's cache of compiled programs (GPZOO_COMPILATION_CACHE=off: none)
     options = FitOptions(steps=steps, batch_size=batch_size, learning_rate=learning_rate,
                          checkpoint_every=checkpoint_every, resume=resume, progress=progress and backend == "sequential",
-                         compile_cache=cache, keep_compile_cache=cache is not None)
+                         compile_cache=cache, keep_compile_cache=cache is not None, standardise=standardise)
 
     def done(task):
         finished.append(task.name)
@@ -339,7 +340,7 @@ def compare(data="rectangles", models=("svgp-rbf", "conv", "weighted-conv"), *, 
             data_seed: int = 0, data_paths: Mapping[str, str] | None = None, num_draws: int = int(DEFAULTS["num_draws"]),
             backend: str = "sequential", address: str | None = None, cpus_per_fit: int = 1, out=None,
             overwrite: bool = False, resume: bool = False, checkpoint_every: int | None = None,
-            save_models: bool = True, progress: bool = False, report: bool = True) -> Comparison:
+            save_models: bool = True, progress: bool = False, report: bool = True, standardise: bool = False) -> Comparison:
     """Fit every model of ``models`` once per seed of ``seeds`` on ``data`` and compare them.
 
     ``data``: a data-set name (``gpzoo.datasets.names()``; generated with ``data_seed``, files of a
@@ -358,7 +359,9 @@ def compare(data="rectangles", models=("svgp-rbf", "conv", "weighted-conv"), *, 
     ``resume=True`` (continues a stopped run with the same settings, refitting only what is
     missing). Without ``out`` everything is written to a temporary directory and removed.
     ``report=False`` skips the report (its posterior draws, PSIS-LOO and figures): ``table`` is then
-    the ELBO ranking alone. Every argument is checked (a typed gpzoo error naming it) before anything is fitted.
+    the ELBO ranking alone. ``standardise=True``: every fit centres and scales the features and
+    regression targets (``gpzoo.fit(..., standardise=True)``; predictions, ELBOs and held-out
+    densities stay in the data's units). Every argument is checked (a typed gpzoo error naming it) before anything is fitted.
     """
     from gpzoo.analysis.backends import BACKENDS  # noqa: PLC0415
 
@@ -380,7 +383,7 @@ def compare(data="rectangles", models=("svgp-rbf", "conv", "weighted-conv"), *, 
     if address is not None and not isinstance(address, str):
         raise InvalidArgumentError("address", f"expected a Ray address string, got {address!r}")
     for name, value in (("overwrite", overwrite), ("resume", resume), ("save_models", save_models), ("progress", progress),
-                        ("report", report)):
+                        ("report", report), ("standardise", standardise)):
         check_flag(value, name)
     if checkpoint_every is not None:
         check_integer(checkpoint_every, "checkpoint_every", minimum=1)
@@ -405,6 +408,8 @@ def compare(data="rectangles", models=("svgp-rbf", "conv", "weighted-conv"), *, 
            "options": {name: {k: list(v) if isinstance(v, tuple) else v for k, v in dict(options.get(name, {})).items()}
                        for name in specs},
            "models": list(specs)}
+    if standardise:  # recorded only when set, so that runs recorded without it still resume
+        run["standardise"] = True
     backend_options = {} if backend == "sequential" else {"address": address, "cpus_per_fit": cpus_per_fit}
     log = (lambda text: print(text, file=sys.stderr, flush=True)) if progress else None
 
@@ -420,7 +425,7 @@ def compare(data="rectangles", models=("svgp-rbf", "conv", "weighted-conv"), *, 
                                 resume=resume, steps=steps, batch_size=batch_size, learning_rate=float(learning_rate),
                                 checkpoint_every=checkpoint_every, num_draws=num_draws, data_seed=data_seed,
                                 backend=backend, backend_options=backend_options, save_models=save_models or not keep,
-                                progress=progress, log=log, with_report=report)
+                                progress=progress, log=log, with_report=report, standardise=standardise)
         return result if keep else dataclasses.replace(result, report_path=None)
 
     if out is not None:

@@ -29,7 +29,7 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 #: the order files appear in; files not listed follow alphabetically.
 ORDER = ("reproduce_conv", "reproduce_invariance", "reproduce_tick", "conv_kernels", "conv_kernels_mnist10", "conv_kernels_mnist10_tick",
          "svgp_scaling", "polya_gamma_throughput",
-         "invariance_toy", "gpflow_side_by_side", "pg_natgrad", "robustness_sweep", "shift_scale_sweep")
+         "invariance_toy", "gpflow_side_by_side", "pg_natgrad", "natgrad", "robustness_sweep", "shift_scale_sweep")
 TITLES = {
     "reproduce_conv": "van der Wilk et al. 2017 reproduction: convolutional GPs (`benchmarks/reproduce_conv.py`)",
     "kernel_search": "Kernel structure search on the statsmodels series, extrapolating the last 20 % (`benchmarks/kernel_search.py`)",
@@ -45,6 +45,7 @@ TITLES = {
     "gpflow_side_by_side": "gpzoo against GPflow 2.11, weighted conv SVGP (`benchmarks/gpflow_side_by_side.py`)",
     "gpflow_side_by_side_mnist10_timing": "gpzoo against GPflow 2.11, MNIST-10 timing run (`benchmarks/gpflow_side_by_side.py`)",
     "pg_natgrad": "Pólya–Gamma CAVI / natural gradients against Adam (`benchmarks/pg_natgrad.py`)",
+    "natgrad": "Natural gradients on q(u) against Adam, beside GPJax's `fit_natgrads` (`benchmarks/natgrad.py`)",
     "reproduce_tick": "Dutordoir et al. 2020 reproduction, CPU-sized: TICK and deep convolutional GPs (`benchmarks/reproduce_tick.py`)",
     "deep_conv_step": "2-layer deep TICK GP step against a straightforward JAX step and the machine's bound (`benchmarks/deep_conv_step.py`)",
     "robustness_sweep": "Robustness sweep: every zoo model × seeds × float32/float64 at default settings (`benchmarks/robustness_sweep.py`)",
@@ -328,6 +329,33 @@ def _pg_natgrad(report: dict) -> list[str]:
                 f"{yes_no(report['goal_met'])}, Anderson-accelerated CAVI {yes_no(report.get('goal_met_anderson'))}. "
                 f"{provenance(report)}", ""] + \
         table(["(ℓ, σ²)", "N", "M", "CAVI steps / time", "CAVI + Anderson", "Adam", "ratio", "ratio (Anderson)"], rows)
+
+
+@formatter("natgrad")
+def _natgrad(report: dict) -> list[str]:
+    def run(r):
+        if not r:
+            return "—"
+        steps = num(r["steps_to_1nat"]) if r["reached"] else "not reached"
+        return f"{steps} × {num(r['seconds_per_step'] * 1e3)} ms (lr {num(r['learning_rate'])})"
+
+    rows = []
+    for name, r in report["results"].items():
+        gpjax = (r.get("gpjax") or {}).get("natgrad")
+        ratio = num(r["adam_over_natgrad_steps"]) + (" (≥)" if r.get("adam_over_natgrad_steps_lower_bound") else "")
+        rows.append([name, num(r["N"]), num(r["M"]), num(r["optimum_elbo"]), run(r["natgrad"]), run(r["adam"]), ratio,
+                     yes_no(r["goal_met"]["steps"]), run(gpjax), num(r.get("gpzoo_over_gpjax_step_s")),
+                     yes_no(r["goal_met"]["per_step_vs_gpjax"])])
+    goals, protocol = report["goals"], report["protocol"]
+    return ["", f"Full-batch float64 fits from the same start; steps to within {num(report['target_gap_nats'])} nat of the best "
+                f"ELBO any long run reached (GPJax: of its own runs' best), best of learning rates "
+                f"{', '.join(num(x) for x in protocol['learning_rates'])} for each optimiser; per step: warm fits, "
+                f"(least 2K-step fit − least K-step fit) / K over {protocol['repeats']} pairs, compilation excluded. "
+                f"Goals: Adam steps / natgrad steps ≥ {num(goals['adam_over_natgrad_steps'])}, gpzoo / GPJax natgrad s/step ≤ "
+                f"{num(goals['gpzoo_over_gpjax_step_s'])}. "
+                f"Device: {device_of(report)}; date: {report.get('created', 'not recorded')}; {_load(report)}.", ""] + \
+        table(["case", "N", "M", "optimum ELBO", "natgrad steps × s/step", "Adam steps × s/step", "Adam / natgrad steps",
+               "≥ goal", "GPJax natgrad", "gpzoo / GPJax s/step", "≤ goal"], rows)
 
 
 @formatter("robustness_sweep")

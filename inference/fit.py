@@ -53,6 +53,7 @@ from gpzoo.inference.svi import fit_svi
 from gpzoo.models import draws
 from gpzoo.models.errors import (
     ConvergenceWarning,
+    GPZooError,
     InvalidArgumentError,
     as_float_array,
     check_flag,
@@ -177,10 +178,10 @@ def fit(
     sum over data points; the Pólya–Gamma natural-gradient and deep-kernel-machine fitters refuse it.
 
     Data scale: data far from unit scale for the precision of the fit (feature columns spread over
-    more than 1e3 or less than 1e-3, an offset float32 cannot resolve, regression targets of order
-    1e3 and above) warn with a :class:`~gpzoo.models.errors.DataScaleWarning` naming ``X`` or ``y``.
-    ``standardise=True`` centres and scales each feature column (vector inputs; image pixels stay
-    in [0, 1]) and Gaussian regression targets, in float64 before the cast to the fit's precision;
+    more than 1e2 or less than 1e-2, an offset float32 cannot resolve, regression targets of order
+    1e2 and above) warn with a :class:`~gpzoo.models.errors.DataScaleWarning` naming ``X`` or ``y``.
+    ``standardise=True`` centres and scales each feature column (images under a vector kernel: all
+    pixels alike; images under a patch kernel stay in [0, 1]) and Gaussian regression targets, in float64 before the cast to the fit's precision;
     the map is stored in the result (``result.standardisation``, saved with it), ``predict``,
     ``evaluate_elbo`` and ``to_datatree`` take and return original units, and the objective and
     log densities of y include the change of variables (−log sd(y) per target), so they compare
@@ -231,8 +232,12 @@ def fit(
         standardisation = Standardisation.of(spec, X, y)
         X, y = standardisation.inputs(X), standardisation.targets(y)
     elif not isinstance(X, MemmapSource):
-        validate_data(spec, X, y)  # typed errors first, then the scale of the data as passed
-        check_data_scale(spec, as_float_array(X, "X", ndim=2), y, stacklevel=3)
+        try:
+            inputs, targets = as_float_array(X, "X", ndim=2), spec.likelihood.validate_targets(y)
+        except GPZooError:
+            pass  # the fitter's own checks raise it, naming the argument
+        else:
+            check_data_scale(spec, inputs, targets, stacklevel=3)
     with threadpoolctl.threadpool_limits(1, user_api="blas"):
         res = method.fitter(spec, X, y, family_class=method.family, settings=settings)
     if standardisation is not None:

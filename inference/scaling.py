@@ -10,16 +10,23 @@ a column at 1e5 ± 1 keeps about two significant digits of its spread.
 :func:`check_data_scale` warns (:class:`~gpzoo.models.errors.DataScaleWarning`, naming ``X`` or
 ``y`` and the fix) when
 
-* a feature column's standard deviation lies outside [1e-3, 1e3] (models on vector inputs; image
-  inputs have their own [0, 1] check, :class:`~gpzoo.models.errors.ImageRangeWarning`);
+* a feature column's standard deviation lies outside [1e-2, 1e2] — for image inputs, the standard
+  deviation of all pixels together (a pixel that is almost always 0 is no problem); models whose
+  kernel checks its images itself (the patch kernels) warn with
+  :class:`~gpzoo.models.errors.ImageRangeWarning` on pixels outside [0, 1] instead;
 * a feature column's offset leaves less than 1 % of its spread resolvable in the precision of the
   fit (|mean| · eps / sd > 1e-2: above about 8e4 sd in float32, 4e13 sd in float64);
-* regression targets (Gaussian likelihood) have a root mean square above 1e3 or below 1e-3, or a
-  standard deviation outside [1e-3, 1e3] — the zero-mean prior must then explain the offset.
+* regression targets (Gaussian likelihood) have a root mean square above 1e2 or below 1e-2, or a
+  standard deviation outside [1e-2, 1e2] — the zero-mean prior must then explain the offset.
+
+A lengthscale of 1 against features spread over hundreds (pixels in [0, 255], or in [0, 1] times
+1,000) makes every pair of points look unrelated at the start, and a fit from there may never
+recover: an RBF model on rectangles images scaled by 1e3 ends at chance accuracy.
 
 :class:`Standardisation` is what ``fit(..., standardise=True)`` applies: each feature column
-centred and divided by its standard deviation (models on vector inputs; image pixels are left in
-[0, 1], where the patch kernels expect them) and Gaussian regression targets likewise, computed
+centred and divided by its standard deviation (images under a vector kernel: all pixels by one
+mean and standard deviation; images under a patch kernel are left in [0, 1], where those kernels
+expect them) and Gaussian regression targets likewise, computed
 in float64 from the data as given, before the cast to the model's precision. It is stored in the
 :class:`~gpzoo.inference.results.FitResult` (and saved with it); :func:`~gpzoo.inference.fit.predict`,
 :func:`~gpzoo.inference.fit.evaluate_elbo` and :func:`~gpzoo.analysis.datatree.to_datatree` take
@@ -40,13 +47,20 @@ import warnings
 
 import numpy as np
 
-from gpzoo.models.errors import DataScaleWarning, InvalidArgumentError, as_float_array, model_float_dtype
+from gpzoo.models.errors import (
+    DataScaleWarning,
+    GPZooError,
+    ImageRangeWarning,
+    InvalidArgumentError,
+    as_float_array,
+    model_float_dtype,
+)
 
 __all__ = ["SCALE_RANGE", "Standardisation", "check_data_scale", "is_regression", "scale_problems"]
 
 #: Standard deviations (and, for regression targets, root mean squares) outside this range are far
 #: from the unit scale every zoo model starts from.
-SCALE_RANGE = (1e-3, 1e3)
+SCALE_RANGE = (1e-2, 1e2)
 #: A feature column's offset is too large when float rounding at its magnitude exceeds this
 #: fraction of its standard deviation.
 RESOLUTION = 1e-2
@@ -63,6 +77,18 @@ def _image_inputs(spec) -> bool:
     return spec.image_shape is not None
 
 
+def _warns_on_range(spec) -> bool:
+    """Whether ``spec``'s kernel warns on pixels outside [0, 1] (probed on one image of 2s)."""
+    probe = np.full((1, int(np.prod(spec.image_shape))), 2.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            spec.covariance_model.validate_inputs(probe)
+        except GPZooError:
+            return False
+    return any(issubclass(w.category, ImageRangeWarning) for w in caught)
+
+
 def scale_problems(spec, X, y, dtype=None) -> list[tuple[str, str]]:
     """``(argument, sentence)`` for every way the data ``X`` ``[N, D]`` / ``y`` are far from unit
     scale for ``spec`` in precision ``dtype`` (default: the precision gpzoo computes in); [] if none."""
@@ -70,14 +96,21 @@ def scale_problems(spec, X, y, dtype=None) -> list[tuple[str, str]]:
     low, high = SCALE_RANGE
     problems = []
     X = np.asarray(X, np.float64)
-    if not _image_inputs(spec) and X.ndim == 2 and X.shape[0] > 1:
+    checks_itself = _image_inputs(spec) and _warns_on_range(spec)
+    if _image_inputs(spec) and not checks_itself and X.size:
+        X = X.reshape(-1, 1)  # all pixels as one feature
+    if not (_image_inputs(spec) and checks_itself) and X.ndim == 2 and X.shape[0] > 1:
         sd, mean = X.std(axis=0), X.mean(axis=0)
         varying = sd > 0
         wide = np.flatnonzero(varying & ((sd > high) | (sd < low)))
         if wide.size:
             j = int(wide[np.argmax(np.abs(np.log10(sd[wide])))])
-            problems.append(("X", f"feature column {j} has standard deviation {sd[j]:.3g} ({wide.size} of {X.shape[1]} "
-                                  f"column(s) outside [{low:g}, {high:g}]); lengthscales start at 1"))
+            if _image_inputs(spec):
+                problems.append(("X", f"the pixel values have standard deviation {sd[j]:.3g} (outside [{low:g}, {high:g}]); "
+                                      "lengthscales start at 1 and images are expected in [0, 1]"))
+            else:
+                problems.append(("X", f"feature column {j} has standard deviation {sd[j]:.3g} ({wide.size} of {X.shape[1]} "
+                                      f"column(s) outside [{low:g}, {high:g}]); lengthscales start at 1"))
         with np.errstate(divide="ignore", invalid="ignore"):
             lost = np.where(varying, np.abs(mean) * eps / np.where(varying, sd, 1.0), 0.0)
         far = np.flatnonzero(lost > RESOLUTION)
@@ -157,6 +190,9 @@ class Standardisation:
         x_shift = x_scale = y_shift = y_scale = None
         if not _image_inputs(spec):
             x_shift, x_scale = X.mean(axis=0), _scale(X.std(axis=0))
+        elif not _warns_on_range(spec):  # images under a kernel that takes any pixel values:
+            # one shift and scale for every pixel, so that the image stays an image
+            x_shift, x_scale = np.full(X.shape[1], X.mean()), np.full(X.shape[1], _scale(np.asarray(X.std())))
         if is_regression(spec):
             targets = as_float_array(y, "y").astype(np.float64)
             y_shift, y_scale = float(targets.mean()), float(_scale(np.asarray(targets.std())))

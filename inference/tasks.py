@@ -60,6 +60,8 @@ class FitOptions:
     shared_cache: bool = False
     #: the cache outlives the run (the user's, :func:`gpzoo.inference.programs.persistent_cache`): never removed
     keep_compile_cache: bool = False
+    #: ``fit(..., standardise=True)``: features and regression targets centred and scaled (undone in predict)
+    standardise: bool = False
 
 
 @contextlib.contextmanager
@@ -106,7 +108,7 @@ def fit_task(task: FitTask, X, y, options: FitOptions) -> str:
     with compile_cache(options.compile_cache, shared=options.shared_cache):
         res = fit(task.spec, X, y, steps=options.steps, batch_size=options.batch_size, seed=task.seed,
                   learning_rate=options.learning_rate, progress=options.progress, checkpoint_dir=task.checkpoints,
-                  checkpoint_every=options.checkpoint_every, resume=options.resume)
+                  checkpoint_every=options.checkpoint_every, resume=options.resume, standardise=options.standardise)
     # The run owns task.saved (its output directory was checked for another report before any fit);
     # a save interrupted by a crash may have left part of a model there for --resume to replace.
     save(res, task.saved, overwrite=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -53,6 +54,28 @@ def test_pg_natgrad_benchmark_tiny(tmp_path):
     assert r["optimum_converged"] and r["cavi"]["steps_to_target"] >= 1 and r["cavi"]["seconds"] > 0
     assert r["adam"] is not None and r["adam"]["learning_rate"] == 0.1 and r["speed_ratio"] > 0
     assert all(b <= r["optimum_bound"] + 1e-8 for b in r["cavi"]["bounds"])  # nothing beats the optimum
+
+
+def test_natgrad_benchmark_tiny(tmp_path):
+    """The natural-gradient benchmark's core on one tiny case, without the GPJax anchor."""
+    natgrad = _load("natgrad")
+    out = tmp_path / "natgrad.json"
+    report = natgrad.main(["--cases", "svgp-rbf-bernoulli", "--N", "60", "--M", "6", "--steps", "40", "--timing-steps", "10",
+                           "--repeats", "1", "--out", str(out)])
+
+    assert json.loads(out.read_text()) == report
+    assert {"machine", "protocol", "settings", "goals", "goal_met", "differences_from_gpjax", "results"} <= set(report)
+    assert "load_average_start" in report["machine"] and len(report["load_average_end"]) == 3
+    r = report["results"]["svgp-rbf-bernoulli"]
+    assert (r["N"], r["M"], r["long_run_steps"]) == (60, 6, 40) and r["gpjax"] is None and r["gpjax_note"]
+    assert len(r["runs"]) == 4 and all(run["finite"] and run["best_elbo"] <= r["optimum_elbo"] for run in r["runs"])
+    for name in ("natgrad", "adam"):
+        run = r[name]
+        assert run["learning_rate"] in (0.01, 0.05) and run["compilations"] >= 0
+        assert math.isfinite(run["seconds_per_step"]) and run["timing"]["whole_fit_per_step_at_K"] > 0
+    assert r["natgrad"]["reached"] and r["natgrad"]["steps_to_1nat"] >= 1
+    assert r["adam_over_natgrad_steps"] > 0 and math.isfinite(r["natgrad_over_adam_step_s"])
+    assert r["goal_met"]["per_step_vs_gpjax"] is None and report["goal_met"]["per_step_vs_gpjax"] is None
 
 
 @pytest.mark.slow

@@ -30,11 +30,11 @@ def _moons(n=80, seed=0):
     return (X - X.mean(0)) / X.std(0), y
 
 
-def _scale_warnings(spec, X, y, **kwargs):
+def _scale_warnings(spec, X, y, kind=DataScaleWarning, **kwargs):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         res = fit(spec, X, y, steps=3, progress=False, **kwargs)
-    return res, [w.message for w in caught if isinstance(w.message, DataScaleWarning)]
+    return res, [w.message for w in caught if isinstance(w.message, kind)]
 
 
 @pytest.mark.parametrize("transform, argument", [
@@ -57,7 +57,31 @@ def test_standardised_data_and_images_in_the_unit_range_do_not_warn():
     _, found = _scale_warnings(zoo.get("svgp-rbf", input_dim=2), X, y)  # uniform on [-3, 3] is unit scale
     assert found == []
     images = np.random.default_rng(0).uniform(0, 1, (20, 36))
-    assert scale_problems(zoo.get("conv", image_shape=(6, 6), num_inducing=4), images, np.arange(20) % 2) == []
+    images[:, 0] = 0.0
+    images[:3, 1] = 1e-4  # a pixel that is almost always 0 is not a feature far from unit scale
+    for name in ("conv", "svgp-rbf"):
+        spec = zoo.get(name, input_dim=36, image_shape=(6, 6), num_inducing=4, task="binary")
+        assert scale_problems(spec, images, np.arange(20) % 2) == []
+
+
+def test_images_far_from_the_unit_range_warn_under_every_kernel():
+    """Pixels times 1,000: a vector kernel's model warns (DataScaleWarning, all pixels together),
+    a patch kernel's model warns that its images leave [0, 1] (ImageRangeWarning)."""
+    from gpzoo.models.errors import ImageRangeWarning
+
+    images = np.random.default_rng(0).uniform(0, 1, (40, 36)) * 1e3
+    labels = np.arange(40) % 2
+    spec = zoo.get("svgp-rbf", input_dim=36, image_shape=(6, 6), num_inducing=4, task="binary")
+    _, found = _scale_warnings(spec, images, labels)
+    assert [w.argument for w in found] == ["X"] and "pixel values" in str(found[0])
+    std = Standardisation.of(spec, images, labels)
+    assert np.ptp(std.x_shift) == 0 and np.ptp(std.x_scale) == 0  # one map for every pixel
+    np.testing.assert_allclose(std.inputs(images).std(), 1.0)
+    conv = zoo.get("conv", image_shape=(6, 6), num_inducing=4, task="binary")
+    _, found = _scale_warnings(conv, images, labels, kind=Warning)
+    assert {type(w) for w in found if isinstance(w, (ImageRangeWarning, DataScaleWarning))} == {ImageRangeWarning}
+    std = Standardisation.of(conv, images, labels)
+    assert std.x_shift is None  # a patch kernel's pixels stay as given
 
 
 def test_classification_checks_features_not_labels():
@@ -209,3 +233,31 @@ def test_a_non_finite_start_names_its_cause_not_the_learning_rate(float32):
         assert info.value.step == step and named in message and "learning rate plays no part" in message, message
         assert "smaller learning_rate" not in message
         assert any(isinstance(w.message, DataScaleWarning) for w in caught) == (targets is not y)
+
+
+def test_compare_standardises_every_fit_and_records_it(tmp_path):
+    """``gpzoo.compare(..., standardise=True)`` (``gpzoo compare --standardise``): every fit keeps its
+    standardisation, the ranking's ELBOs are those of the data as given, and the run records it."""
+    import json
+
+    from gpzoo.analysis.cli import _run_record, build_parser
+    from gpzoo.analysis.datasets import Dataset
+
+    X, y = _regression(n=80)
+    X_test, y_test = _regression(seed=4, n=30)
+    a, b = 1e5, 2e5
+    data = Dataset("unscaled", X * 1e3, a * y + b, X_test * 1e3, a * y_test + b, task="regression")
+    result = gpzoo.compare(data, models=["svgp-rbf"], steps=30, num_inducing=8, report=False, standardise=True,
+                           out=tmp_path / "run")
+    (fitted,) = result.results.values()
+    assert fitted.standardisation is not None and fitted.standardisation.y_scale == pytest.approx(a * y.std())
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record.get("settings", record)["standardise"] is True
+    # the table ranks ELBOs of the targets as given: the standardised fit's ELBO minus N log sd(y)
+    assert float(result.table["elbo"].iloc[0]) == pytest.approx(evaluate_elbo(fitted).elbo, rel=1e-6)
+    assert evaluate_elbo(fitted).elbo < -len(y) * np.log(a * y.std()) + 100
+    args = build_parser().parse_args(["compare", "--data", "co2", "--models", "svgp-rbf", "--standardise",
+                                      "--out", str(tmp_path / "cli")])
+    assert args.standardise is True and _run_record(args, ["svgp-rbf"], {"svgp-rbf": {}}, {})["standardise"] is True
+    args = build_parser().parse_args(["compare", "--data", "co2", "--models", "svgp-rbf", "--out", str(tmp_path / "cli")])
+    assert "standardise" not in _run_record(args, ["svgp-rbf"], {"svgp-rbf": {}}, {})
