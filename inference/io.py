@@ -819,6 +819,11 @@ def _check_values(values: dict, decoder: _Decoder) -> None:
     X, y = values["X_train"], values["y_train"]
     if X.ndim < 2 or y.ndim < 1 or X.shape[0] != y.shape[0] or X.shape[0] == 0:
         decoder.fail("X_train", f"training data of shapes X {X.shape} and y {y.shape} do not pair up")
+    standardisation = values.get("standardisation")
+    if standardisation is not None and standardisation.x_shift is not None \
+            and standardisation.x_shift.shape != (X.shape[1],):
+        decoder.fail("standardisation", f"the standardisation maps {standardisation.x_shift.shape[0]} features; the "
+                                        f"training inputs have {X.shape[1]}")
     for name in ("objective_history", "step_size_history"):
         if values[name].ndim != 1:
             decoder.fail(name, f"{name} must be one-dimensional, got shape {values[name].shape}")

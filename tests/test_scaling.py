@@ -261,3 +261,34 @@ def test_compare_standardises_every_fit_and_records_it(tmp_path):
     assert args.standardise is True and _run_record(args, ["svgp-rbf"], {"svgp-rbf": {}}, {})["standardise"] is True
     args = build_parser().parse_args(["compare", "--data", "co2", "--models", "svgp-rbf", "--out", str(tmp_path / "cli")])
     assert "standardise" not in _run_record(args, ["svgp-rbf"], {"svgp-rbf": {}}, {})
+
+
+def test_a_saved_standardisation_is_checked_on_loading(tmp_path):
+    """A model file whose standardisation does not fit its data (wrong width, a zero scale) is
+    refused by name, however it got there (the manifest is re-signed here as a writer would)."""
+    import json
+
+    from gpzoo.inference.io import ARRAYS_FILE, MANIFEST_FILE, MODEL_FILE, _file_entry, _manifest_text, _sha256
+    from gpzoo.models.errors import ModelFileError
+
+    X, y = _regression()
+    res = fit(zoo.get("svgp-rbf", input_dim=2), X, y, steps=5, progress=False, standardise=True)
+    for field, value in (("x_shift", [0.0, 0.0, 0.0]), ("x_scale", [1.0, 0.0]), ("y_scale", -1.0)):
+        folder = gpzoo.save(res, tmp_path / field)
+        document = json.loads((folder / MODEL_FILE).read_text())
+        fields = document["result"]["standardisation"]["fields"]
+        if isinstance(value, list):
+            arrays = dict(np.load(folder / ARRAYS_FILE))
+            arrays[fields[field]["$array"]] = np.asarray(value)
+            fields[field]["shape"] = [len(value)]
+            np.savez(folder / ARRAYS_FILE, **arrays)
+        else:
+            fields[field] = value
+        model_bytes = json.dumps(document).encode()
+        (folder / MODEL_FILE).write_bytes(model_bytes)
+        files = {MODEL_FILE: _file_entry(model_bytes), ARRAYS_FILE: {"sha256": _sha256(folder / ARRAYS_FILE),
+                                                                    "size": (folder / ARRAYS_FILE).stat().st_size}}
+        (folder / MANIFEST_FILE).write_text(_manifest_text(files))
+        with pytest.raises(ModelFileError) as info:
+            gpzoo.load(folder)
+        assert "standardisation" in str(info.value.argument) + str(info.value), (field, str(info.value))
