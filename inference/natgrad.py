@@ -1,10 +1,11 @@
 """Natural-gradient steps on q(u) inside SVI (``fit(..., optimizer="natgrad")``).
 
 The Gaussian q(u) (``q_mu`` ``[L, GM]``, ``q_sqrt`` ``[L, GM, GM]`` lower triangular, the
-``"full"`` structure; whitened or not as ``spec.whiten`` says) takes a natural-gradient step and
+``"full"`` structure; whitened or not as ``spec.whiten`` says) takes a natural-gradient step, then
 every other parameter (kernel hyperparameters, inducing inputs, likelihood parameters, hidden
-layers) an Adam step with ``learning_rate``, both from one evaluation of the ELBO's gradient
-(Salimbeni, Eleftheriadis & Hensman 2018; Hensman et al. 2013).
+layers) an Adam step with ``learning_rate`` from the ELBO's gradient at the new q(u): two
+gradient evaluations per step, alternating as Salimbeni, Eleftheriadis & Hensman 2018 do
+(also Hensman et al. 2013).
 
 For each latent function, with natural parameters θ₁ = S⁻¹m, θ₂ = −½S⁻¹ and expectation
 parameters η₁ = m, η₂ = S + mmᵀ, the natural gradient of the ELBO with respect to θ equals its
@@ -117,8 +118,9 @@ def natural_q_step(q_mu, q_sqrt, grad_mu, grad_second, gamma):
 
 
 def natgrad_update(svi, state: SVIState, gamma, args, kwargs):
-    """One step: the natural-gradient step on ``q_mu``/``q_sqrt`` and the optimiser's (Adam) step on
-    every other parameter, from one gradient of the ELBO; returns ``(state, loss)`` like ``SVI.update``."""
+    """One step: the natural-gradient step on ``q_mu``/``q_sqrt``, then the optimiser's (Adam) step
+    on every other parameter from the ELBO's gradient at the new q(u); returns ``(state, loss)``
+    like ``SVI.update`` (the loss before the step)."""
     rng_key, rng_step = jax.random.split(state.rng_key)
     i, (unconstrained, opt_state) = state.optim_state
     loss_fn = _make_loss_fn(svi.loss, rng_step, svi.constrain_fn, svi.model, svi.guide, args, kwargs, svi.static_kwargs,
@@ -134,11 +136,15 @@ def natgrad_update(svi, state: SVIState, gamma, args, kwargs):
         return loss_fn(raw)
 
     eta2 = q_sqrt @ jnp.swapaxes(q_sqrt, -1, -2) + q_mu[..., :, None] * q_mu[..., None, :]
-    (loss, mutable_state), (g_raw, g1, g2) = jax.value_and_grad(loss_of, argnums=(0, 1, 2), has_aux=True)(
+    (loss, mutable_state), (g1, g2) = jax.value_and_grad(loss_of, argnums=(1, 2), has_aux=True)(
         unconstrained, q_mu, eta2)
-    g_raw = {**g_raw, "q_mu": jnp.zeros_like(g_raw["q_mu"]), "q_sqrt": jnp.zeros_like(g_raw["q_sqrt"])}
-    i_new, (params, opt_state) = svi.optim.update(g_raw, state.optim_state, value=loss)
     # ∂ELBO/∂η = −∂loss/∂η
     new_mu, new_sqrt = natural_q_step(q_mu, q_sqrt, -g1, -g2, jnp.asarray(gamma, q_mu.dtype))
-    params = {**params, "q_mu": new_mu, "q_sqrt": sqrt_to_raw(new_sqrt)}
+    stepped = {**unconstrained, "q_mu": new_mu, "q_sqrt": sqrt_to_raw(new_sqrt)}
+    # the other parameters climb the ELBO at the new q(u) (alternating as Salimbeni et al. 2018 do):
+    # a gradient taken at the old q(u) would move the hyperparameters against a q(u) already gone
+    (_, mutable_state), g_raw = jax.value_and_grad(loss_fn, has_aux=True)(stepped)
+    g_raw = {**g_raw, "q_mu": jnp.zeros_like(g_raw["q_mu"]), "q_sqrt": jnp.zeros_like(g_raw["q_sqrt"])}
+    i_new, (params, opt_state) = svi.optim.update(g_raw, (i, (stepped, opt_state)), value=loss)
+    params = {**params, "q_mu": stepped["q_mu"], "q_sqrt": stepped["q_sqrt"]}
     return SVIState((i_new, (params, opt_state)), mutable_state, rng_key), loss
