@@ -44,6 +44,15 @@ def machine_info() -> dict:
     }
 
 
+def comma_choices(parser, text: str, allowed, what: str) -> list[str]:
+    """The comma-separated names of ``text``; ``parser.error`` naming any not in ``allowed``."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = sorted(set(names) - set(allowed))
+    if unknown:
+        parser.error(f"unknown {what}(s) {unknown}; choose among {list(allowed)}")
+    return names
+
+
 def now() -> str:
     """The current UTC time, ISO 8601 to the second."""
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

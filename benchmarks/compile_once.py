@@ -46,7 +46,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from _common import machine_info, now, write_json
+from _common import comma_choices, machine_info, now, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "compile_once.json"
@@ -230,10 +230,7 @@ def main(argv=None) -> dict:
     p.add_argument("--before-root", type=Path, help="that checkout's folder")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
-    parts = [s.strip() for s in args.only.split(",") if s.strip()]
-    unknown = sorted(set(parts) - set(PARTS))
-    if unknown:
-        p.error(f"unknown part(s) {unknown}; choose among {PARTS}")
+    parts = comma_choices(p, args.only, PARTS, "part")
     result = {"benchmark": "compile_once", "created": now(), "machine": machine_info(), "goals": GOALS,
               "settings": {"svgp-rbf": SVGP, "conv": CONV, "main_job": ["gpzoo", *MAIN_JOB]}}
     if set(parts) != set(PARTS) and args.out.is_file():  # a part rerun: the other parts' records are kept

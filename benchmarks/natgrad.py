@@ -82,7 +82,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine_info, mean_pooled, now, write_json  # noqa: E402
+from _common import comma_choices, machine_info, mean_pooled, now, write_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "natgrad.json"
@@ -361,10 +361,7 @@ def main(argv=None) -> dict:
     p.add_argument("--gpjax-python", help="an interpreter with GPJax installed (the anchor; not run without it)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
-    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-    unknown = sorted(set(cases) - set(CASES))
-    if unknown:
-        p.error(f"unknown case(s) {unknown}; choose among {CASES}")
+    cases = comma_choices(p, args.cases, CASES, "case")
 
     import jax  # noqa: PLC0415
 
