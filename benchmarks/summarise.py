@@ -29,7 +29,7 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 #: the order files appear in; files not listed follow alphabetically.
 ORDER = ("reproduce_conv", "reproduce_invariance", "reproduce_tick", "conv_kernels", "conv_kernels_mnist10", "conv_kernels_mnist10_tick",
          "svgp_scaling", "polya_gamma_throughput",
-         "invariance_toy", "gpflow_side_by_side", "pg_natgrad", "natgrad", "robustness_sweep", "shift_scale_sweep")
+         "invariance_toy", "gpflow_side_by_side", "pg_natgrad", "natgrad", "nuts_ess", "robustness_sweep", "shift_scale_sweep")
 TITLES = {
     "reproduce_conv": "van der Wilk et al. 2017 reproduction: convolutional GPs (`benchmarks/reproduce_conv.py`)",
     "kernel_search": "Kernel structure search on the statsmodels series, extrapolating the last 20 % (`benchmarks/kernel_search.py`)",
@@ -46,6 +46,7 @@ TITLES = {
     "gpflow_side_by_side_mnist10_timing": "gpzoo against GPflow 2.11, MNIST-10 timing run (`benchmarks/gpflow_side_by_side.py`)",
     "pg_natgrad": "Pólya–Gamma CAVI / natural gradients against Adam (`benchmarks/pg_natgrad.py`)",
     "natgrad": "Natural gradients on q(u) against Adam, beside GPJax's `fit_natgrads` (`benchmarks/natgrad.py`)",
+    "nuts_ess": "NUTS on svgp-rbf: effective samples per second of the slowest hyperparameter, against GPflow's SGPMC (`benchmarks/nuts_ess.py`)",
     "reproduce_tick": "Dutordoir et al. 2020 reproduction, CPU-sized: TICK and deep convolutional GPs (`benchmarks/reproduce_tick.py`)",
     "deep_conv_step": "2-layer deep TICK GP step against a straightforward JAX step and the machine's bound (`benchmarks/deep_conv_step.py`)",
     "robustness_sweep": "Robustness sweep: every zoo model × seeds × float32/float64 at default settings (`benchmarks/robustness_sweep.py`)",
@@ -356,6 +357,30 @@ def _natgrad(report: dict) -> list[str]:
                 f"Device: {device_of(report)}; date: {report.get('created', 'not recorded')}; {_load(report)}.", ""] + \
         table(["case", "N", "M", "optimum ELBO", "natgrad steps × s/step", "Adam steps × s/step", "Adam / natgrad steps",
                "≥ goal", "GPJax natgrad", "gpzoo / GPJax s/step", "≤ goal"], rows)
+
+
+@formatter("nuts_ess")
+def _nuts_ess(report: dict) -> list[str]:
+    settings = report["settings"]
+    rows = []
+    for name in ("gpzoo", "gpflow"):
+        r = report.get(name)
+        if not r or "error" in r:
+            continue
+        hyper = r["hyperparameters"]
+        rows.append([name, num(r["sampling_s"]), num(r["compile_s"]), f"{r['slowest']} {num(r['min_ess_bulk'])}",
+                     num(r["ess_per_s"]), num(r["ess_per_s_with_compile"]),
+                     num(max((h["r_hat"] for h in hyper.values() if h["r_hat"] is not None), default=None)),
+                     num(r["divergences"]), num(r["leapfrogs_per_draw"])])
+    check = report.get("target_check") or {}
+    return ["", f"{settings['chains']} chains × ({settings['warmup']} warmup + {settings['samples']} draws), N "
+                f"{settings['N']}, M {settings['M']}, Bernoulli, whitened inducing outputs, float64; bulk ESS (ArviZ) of the "
+                f"slowest hyperparameter over sampling seconds (compile excluded; with compile alongside). gpzoo / GPflow "
+                f"ESS/s: {num(report.get('ratio_ess_per_s_gpzoo_over_gpflow'))}; targets agree to "
+                f"{num(check.get('max_abs_diff'))} nats. Device: {device_of(report)}; date: {report.get('created', 'not recorded')}; "
+                f"{_load(report)}.", ""] + \
+        table(["library", "sampling s", "compile s", "slowest ESS", "ESS/s", "ESS/s with compile", "max r_hat",
+               "divergences", "leapfrogs/draw"], rows)
 
 
 @formatter("robustness_sweep")

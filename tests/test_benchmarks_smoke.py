@@ -170,3 +170,20 @@ def test_scan_convolutions_quick(tmp_path):
         assert row["autodiff"]["loop_emitted_convolutions_in_scan"] > 0
         assert row["autodiff_over_conv2d_in_scan"] > 1.0
     assert report["fit"]["conv2d"]["step_s"] > 0 and report["fit"]["autodiff_over_conv2d"] > 1.0
+
+
+def test_nuts_ess_benchmark_tiny(tmp_path):
+    """The NUTS ESS/s benchmark's gpzoo side on a tiny case, without the GPflow anchor."""
+    bench = _load("nuts_ess")
+    out = tmp_path / "nuts_ess.json"
+    report = bench.main(["--N", "30", "--M", "4", "--chains", "1", "--warmup", "20", "--samples", "20", "--out", str(out)])
+
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+    assert {"machine", "settings", "differences_from_gpflow", "gpzoo", "gpflow", "load_average_end"} <= set(report)
+    assert report["gpflow"] is None and report["gpflow_note"] and report["ratio_ess_per_s_gpzoo_over_gpflow"] is None
+    assert (report["settings"]["N"], report["settings"]["M"], report["settings"]["chains"]) == (30, 4, 1)
+    r = report["gpzoo"]
+    assert set(r["hyperparameters"]) == {"lengthscale", "variance"} and r["slowest"] in r["hyperparameters"]
+    assert all(math.isfinite(h["ess_bulk"]) and h["ess_bulk"] > 0 for h in r["hyperparameters"].values())
+    assert r["finite"] and math.isfinite(r["ess_per_s"]) and r["ess_per_s"] > 0
+    assert r["wall_s"] >= r["sampling_s"] > 0 and r["divergences"] >= 0 and len(r["log_density_at_check_points"]) == 3
