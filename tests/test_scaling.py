@@ -292,3 +292,22 @@ def test_a_saved_standardisation_is_checked_on_loading(tmp_path):
         with pytest.raises(ModelFileError) as info:
             gpzoo.load(folder)
         assert "standardisation" in str(info.value.argument) + str(info.value), (field, str(info.value))
+
+
+@pytest.mark.parametrize("name", ["invariant-rot", "invariant-affine", "invariant-deform"])
+def test_warped_image_orbits_warn_on_pixels_off_a_zero_background(name):
+    """The sampled-orbit models resample images filling 0 outside the frame: pixels shifted to 1e3
+    make that fill an edge (their accuracy falls to chance), and they say so (ImageRangeWarning);
+    pixels in [0, 1] do not warn, and standardise leaves such pixels as they are."""
+    from gpzoo.models.errors import ImageRangeWarning
+
+    images = np.random.default_rng(0).uniform(0, 1, (10, 36))
+    spec = zoo.get(name, image_shape=(6, 6), num_inducing=4, task="binary")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        spec.covariance_model.validate_inputs(images)
+        assert scale_problems(spec, images + 1e3, np.arange(10) % 2) == []  # the kernel's own warning covers it
+    assert not any(issubclass(w.category, ImageRangeWarning) for w in caught)
+    with pytest.warns(ImageRangeWarning, match="background of 0"):
+        spec.covariance_model.validate_inputs(images + 1e3)
+    assert Standardisation.of(spec, images + 1e3, np.arange(10) % 2).x_shift is None
