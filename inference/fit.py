@@ -193,9 +193,9 @@ def fit(
     (:mod:`gpzoo.inference.programs`). A custom ``optimizer`` or learning-rate schedule is part of
     that structure by identity: pass the same object again to reuse the programs.
 
-    ``optimizer="natgrad"``: natural-gradient steps on the Gaussian q(u) (``q_mu``, full
-    ``q_sqrt``) and Adam with ``learning_rate`` on every other parameter, from one ELBO gradient
-    per step (:mod:`gpzoo.inference.natgrad`; svgp, invariant-svgp and the output layer of
+    ``optimizer="natgrad"``: each step a natural-gradient step on the Gaussian q(u) (``q_mu``,
+    full ``q_sqrt``), then Adam with ``learning_rate`` on every other parameter from the ELBO's
+    gradient at the new q(u) (:mod:`gpzoo.inference.natgrad`; svgp, invariant-svgp and the output layer of
     deep-svgp, with q_structure="full"; other methods and structures are refused naming
     ``optimizer``). ``natgrad_step`` is the step size γ: a float in (0, 1] or a schedule
     ``step -> γ``; default 1 for a Gaussian likelihood (one full-batch step reaches the optimal

@@ -178,7 +178,7 @@ def fit_svi(spec, X, y, *, family_class, settings: FitSettings) -> FitResult:
     gamma = default_natgrad_step(spec, settings.natgrad_step) if natgrad else None
     if natgrad:
         optimizer = None  # Adam with learning_rate on everything but q(u)
-    # natural gradients take the sharding-constraint step (one gradient of the whole batch's ELBO)
+    # natural gradients take the sharding-constraint step (gradients of the whole batch's ELBO)
     split_loss = parallel is not None and not per_point_draws(family) and not natgrad
     step = SviStep(
         definition,
