@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -253,6 +254,14 @@ def unit_range_problem(arr: np.ndarray, tol: float = UNIT_RANGE_TOLERANCE) -> st
     if lo < -tol or hi > 1 + tol:
         return f"image values must lie in [0, 1] (tolerance {tol:g}), found range [{lo:g}, {hi:g}]"
     return None
+
+
+def warn_unit_range(arr: np.ndarray, why: str, stacklevel: int = 3) -> None:
+    """:class:`ImageRangeWarning` (``X``: the :func:`unit_range_problem` sentence; ``why``) when the
+    image values ``arr`` leave [0, 1]; ``stacklevel`` counts from the caller of the kernel check."""
+    problem = unit_range_problem(arr)
+    if problem:
+        warnings.warn(f"X: {problem}; {why} (rescale, e.g. X / 255)", ImageRangeWarning, stacklevel=stacklevel)
 
 
 def as_int_pair(value, argument: str, minimum: int, expected: str) -> tuple[int, int]:

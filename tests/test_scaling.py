@@ -311,3 +311,21 @@ def test_warped_image_orbits_warn_on_pixels_off_a_zero_background(name):
     with pytest.warns(ImageRangeWarning, match="background of 0"):
         spec.covariance_model.validate_inputs(images + 1e3)
     assert Standardisation.of(spec, images + 1e3, np.arange(10) % 2).x_shift is None
+
+
+def test_a_second_standardised_fit_and_its_predict_compile_nothing(precision):
+    """Standardisation happens in NumPy before and after the compiled programs: a second standardised
+    fit of the same structure on other data (other units, seed, steps) and its predict on another
+    number of rows run the programs the first compiled."""
+    from gpzoo.inference.programs import CompileCounter
+
+    X, y = _regression()
+    spec = zoo.get("svgp-rbf", input_dim=2)
+    predict(fit(spec, X, y, steps=20, progress=False, standardise=True), X[:13])
+    X2, y2 = _regression(seed=9)
+    with CompileCounter() as counter:
+        res = fit(zoo.get("svgp-rbf", input_dim=2), X2 * 50.0 + 3.0, y2 * 1e4, steps=27, seed=4, progress=False,
+                  standardise=True)
+        pred = predict(res, X2[:21] * 50.0 + 3.0)
+    assert counter.count == 0, f"the second standardised fit and predict compiled {counter.count} programs"
+    assert np.all(np.isfinite(pred.y_mean))

@@ -56,7 +56,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import warnings
 from typing import Any
 
 import jax
@@ -64,7 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.distributions import constraints
 
-from gpzoo.models.errors import ImageRangeWarning, InvalidArgumentError, ShapeError, as_float_array, is_concrete, unit_range_problem
+from gpzoo.models.errors import InvalidArgumentError, ShapeError, as_float_array, is_concrete, warn_unit_range
 from gpzoo.models.kernels.base import Fixed, Kernel, Sum, hyper, kernel_class, static
 from gpzoo.models.kernels.conv2d import conv2d
 from gpzoo.models.kernels.stationary import SquaredExponential, Stationary
@@ -1035,10 +1034,7 @@ class ConvolutionalKernel(Kernel):
                 f"has {arr.shape[1]} columns but image_shape {self.image_shape} needs {self.input_dim} "
                 "(rows are flattened channel-last images)",
             )
-        problem = unit_range_problem(arr)
-        if problem:
-            warnings.warn(f"X: {problem}; convolutional models start from hyperparameters set for pixel values in [0, 1] "
-                          "(rescale, e.g. X / 255)", ImageRangeWarning, stacklevel=2)
+        warn_unit_range(arr, "convolutional models start from hyperparameters set for pixel values in [0, 1]")
 
     def inducing_space_patches(self, X):
         """Every patch of ``X`` in the inducing-patch space, ``[N·S·P, E]`` (for initialisation)."""

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from typing import Any
 
 import jax
@@ -45,12 +44,11 @@ from numpyro.distributions import constraints
 from gpzoo.models import draws
 from gpzoo.models.errors import (
     HyperparameterError,
-    ImageRangeWarning,
     InvalidArgumentError,
     ShapeError,
     as_float_array,
     as_int_pair,
-    unit_range_problem,
+    warn_unit_range,
 )
 from gpzoo.models.kernels.base import Kernel, hyper, kernel_class, static
 from gpzoo.models.kernels.symmetry import FiniteGroup, PermutationGroup
@@ -269,11 +267,9 @@ class ImageAugmentation(Orbit):
     def validate_inputs(self, X) -> None:
         if np.ndim(X) != 2 or np.shape(X)[1] != math.prod(self.image_shape):
             raise ShapeError("X", f"expected [N, {math.prod(self.image_shape)}] images of shape {self.image_shape}, got {np.shape(X)}")
-        problem = unit_range_problem(as_float_array(X, "X", ndim=2))
-        if problem:  # the warp fills with 0 outside the frame: a background other than 0 becomes an edge
-            warnings.warn(f"X: {problem}; {type(self).__name__} resamples images filling 0 outside the frame, so pixel "
-                          "values are expected in [0, 1] on a background of 0 (rescale, e.g. X / 255)", ImageRangeWarning,
-                          stacklevel=2)
+        # the warp fills with 0 outside the frame: a background other than 0 becomes an edge
+        warn_unit_range(as_float_array(X, "X", ndim=2), f"{type(self).__name__} resamples images filling 0 outside the "
+                                                         "frame, so pixel values are expected in [0, 1] on a background of 0")
 
     def sample(self, X, key):
         X = jnp.asarray(X)  # [N, H*W]
