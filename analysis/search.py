@@ -17,7 +17,12 @@ in compiled programs keyed by the structure and the data's shapes (compiled once
 every later search), and each restart's L-BFGS bookkeeping runs on the host. Initial points come
 from the data (Duvenaud et al. 2013, §4; Lloyd et al. 2014, §4): lengthscales around the input's
 spread, periods at the peaks of the Lomb–Scargle periodogram of y less its linear trend, variances from y's variance, change locations inside
-the input range; the first restart is the typical value, the others are random around it. A
+the input range; the first restart is the typical value, the others are random around it. With
+``continue_parents=True`` a structure expanded from a parent also continues the parent's fit, as
+Duvenaud 2014 (ch. 1, "Scoring kernel families") does: every hyperparameter the parent had, and
+the noise, starts at the parent's optimum on one extra restart, and only the newly introduced ones
+start at their typical values. A restart stops when its log marginal moves by less than a micro-nat in a step or
+1e-4 nats over five steps. A
 candidate is scored by the Bayesian information criterion BIC = −2 log p(y | θ̂) + p log N
 (Duvenaud et al. 2013, §4; p counts the free hyperparameters and the noise variance; lower is
 better), from the exact log marginal likelihood for N ≤ ``exact_max`` and from the collapsed
@@ -59,6 +64,11 @@ __all__ = ["SCORES", "Candidate", "SearchResult", "describe", "expand", "heldout
 #: Score names: BIC from the exact log marginal likelihood, or from Titsias' collapsed bound.
 SCORES = ("bic-exact", "bic-collapsed")
 DEFAULT_BASES = ("SE", "Per", "Lin", "RQ")
+#: From this many points on, the optimiser drops its finished restarts from the batch (see ``_optimise``).
+COMPACT_MIN_POINTS = 256
+#: A restart stops when its log marginal gained less than STALL_NATS over its last STALL_STEPS steps: at
+#: that pace the rest of its budget could not move its BIC by a hundredth of a unit.
+STALL_STEPS, STALL_NATS = 5, 1e-4
 BACKENDS = ("sequential", "ray")
 
 
@@ -291,21 +301,47 @@ def _optimise(structure: _Structure, u0: dict, X, y, Z, noise_floor, steps: int,
     The restarts' losses and gradients are evaluated together (``vmap``) in one compiled program per
     structure, and their trial points in another; the L-BFGS bookkeeping of each restart (its
     curvature pairs, step lengths and stopping) is its own, on the host, so a restart ends where it
-    would end alone (up to the rounding of the batched arithmetic)."""
+    would end alone (up to the rounding of the batched arithmetic). On ``COMPACT_MIN_POINTS`` points
+    or more, once at most half the restarts are still live, only theirs are evaluated, in a batch of
+    half the size."""
     dtype = u0[next(iter(u0))].dtype
     U = _flat(u0)
     R = len(U)
+    # once at most half the restarts are still moving on a data set this large, evaluate only theirs
+    # (a batch of R // 2, padded by repeating one): a second pair of programs, paid for by the rest
+    # of the run's arithmetic; smaller data sets keep the one batch, whose calls cost little
+    half = R // 2 if X.shape[0] >= COMPACT_MIN_POINTS else 0
 
-    def values(V):
-        return np.array(_batched_loss(structure, _unflat(V, u0, dtype), X, y, Z, noise_floor), np.float64)
+    def rows(mask):
+        """The restarts to evaluate: all, or the ``mask``'s padded to ``half`` once few are live."""
+        if np.count_nonzero(live) > half:
+            return None
+        chosen = np.flatnonzero(mask)
+        return np.concatenate([chosen, np.repeat(chosen[:1], half - len(chosen))])
 
-    def values_and_grads(V):
-        f, g = _batched_loss_and_grad(structure, _unflat(V, u0, dtype), X, y, Z, noise_floor)
-        return np.array(f, np.float64), _flat(g)
+    def values(V, mask):
+        index = rows(mask)
+        if index is None:
+            return np.array(_batched_loss(structure, _unflat(V, u0, dtype), X, y, Z, noise_floor), np.float64)
+        out = np.full(R, np.nan)
+        out[index] = np.array(_batched_loss(structure, _unflat(V[index], u0, dtype), X, y, Z, noise_floor), np.float64)
+        return out
 
-    f, g = values_and_grads(U)
+    def values_and_grads(V, mask):
+        index = rows(mask)
+        if index is None:
+            f, g = _batched_loss_and_grad(structure, _unflat(V, u0, dtype), X, y, Z, noise_floor)
+            return np.array(f, np.float64), _flat(g)
+        f, g = _batched_loss_and_grad(structure, _unflat(V[index], u0, dtype), X, y, Z, noise_floor)
+        f_all, g_all = np.full(R, np.nan), np.full(V.shape, np.nan)
+        f_all[index], g_all[index] = np.array(f, np.float64), _flat(g)
+        return f_all, g_all
+
+    live = np.ones(R, bool)
+    f, g = values_and_grads(U, live)
     live = np.isfinite(f) & np.all(np.isfinite(g), axis=1)
     history: list[tuple[list[np.ndarray], list[np.ndarray]]] = [([], []) for _ in range(R)]
+    gains: list[list[float]] = [[] for _ in range(R)]  # each restart's last steps' gains in log marginal (nats)
     for _ in range(steps):
         if not live.any():
             break
@@ -323,7 +359,7 @@ def _optimise(structure: _Structure, u0: dict, X, y, Z, noise_floor, steps: int,
             if not pending.any():
                 break
             candidate = U + t[:, None] * d
-            ft = values(np.where(pending[:, None], candidate, U))
+            ft = values(np.where(pending[:, None], candidate, U), pending)
             ok = pending & np.isfinite(ft) & (ft <= f + 1e-4 * t * slope)
             trial[ok] = candidate[ok]
             accepted |= ok
@@ -331,7 +367,7 @@ def _optimise(structure: _Structure, u0: dict, X, y, Z, noise_floor, steps: int,
         live &= accepted  # a restart whose line search fails has converged (or cannot move)
         if not live.any():
             break
-        f_new, g_new = values_and_grads(np.where(live[:, None], trial, U))
+        f_new, g_new = values_and_grads(np.where(live[:, None], trial, U), live)
         for r in np.flatnonzero(live):
             if not (np.isfinite(f_new[r]) and np.all(np.isfinite(g_new[r]))):
                 live[r] = False
@@ -342,23 +378,82 @@ def _optimise(structure: _Structure, u0: dict, X, y, Z, noise_floor, steps: int,
                 S.append(s)
                 Yh.append(yv)
                 del S[:-memory], Yh[:-memory]
-            # converged: the log marginal moved by less than a micro-nat, or the gradient vanished
-            converged = abs(f[r] - f_new[r]) * X.shape[0] < 1e-6 or np.max(np.abs(g_new[r])) < 1e-7
+            # converged: the log marginal moved by less than a micro-nat in this step or by less than
+            # STALL_NATS over the last STALL_STEPS (a crawl that cannot change a BIC), or the gradient vanished
+            gains[r].append(abs(f[r] - f_new[r]) * X.shape[0])
+            del gains[r][:-STALL_STEPS]
+            converged = (gains[r][-1] < 1e-6 or np.max(np.abs(g_new[r])) < 1e-7
+                         or (len(gains[r]) == STALL_STEPS and sum(gains[r]) < STALL_NATS))
             U[r], f[r], g[r] = trial[r], f_new[r], g_new[r]
             if converged:
                 live[r] = False
     return _unflat(U, u0, dtype), -f * X.shape[0]
 
 
-def _initial_points(expression: Expression, stats: dict, restarts: int, seed: int, dtype) -> dict:
-    """``{site: [R, ...]}`` unconstrained initial values; restart 0 at the typical values."""
+_SENTINEL = 1000.0  # initial value + call index: tells which (base, column, field) made each site
+
+
+def _site_fields(expression: Expression) -> list[tuple[str, tuple[str, int, str]]]:
+    """``[(site name, (base, column, field))]`` of the expression's hyperparameters, in the order
+    :func:`~gpzoo.models.grammar.to_kernel` asks for their initial values."""
+    calls: list[tuple[str, int, str]] = []
+
+    def record(name: str, dim: int, field: str) -> float:
+        calls.append((name, dim, field))
+        return _SENTINEL + len(calls) - 1
+
+    sites = _sites(to_kernel(expression, record))
+    order = {name: int(round(float(value) - _SENTINEL)) for name, (value, _) in sites.items()}
+    return [(name, calls[i]) for name, i in sorted(order.items(), key=lambda item: item[1])]
+
+
+def _inherited_pool(parent: Expression, hyperparameters: dict) -> dict[tuple[str, int, str], list[float]]:
+    """The parent's fitted values by (base, column, field), in the order its kernel asks for them."""
+    pool: dict[tuple[str, int, str], list[float]] = {}
+    for site, key in _site_fields(parent):
+        value = np.asarray(hyperparameters.get(site, np.nan), np.float64)
+        if value.size == 1 and np.isfinite(value):
+            pool.setdefault(key, []).append(float(value.reshape(())))
+    return pool
+
+
+class _Inherit:
+    """Initial values that continue the parent's fit (Duvenaud 2014, ch. 1, "Scoring kernel families";
+    Duvenaud et al. 2013, §3): each hyperparameter the parent had starts at the parent's optimum — the
+    k-th request for a (base, column, field) takes the parent's k-th value of it — and only the newly
+    introduced ones come from ``fallback`` (typical values on the first restart, random ones after)."""
+
+    def __init__(self, pool: dict, fallback: _Initial):
+        self.pool, self.fallback, self.taken = pool, fallback, dict.fromkeys(pool, 0)
+
+    def __call__(self, name: str, dim: int, field: str) -> float:
+        key = (name, dim, field)
+        values = self.pool.get(key, ())
+        if self.taken.get(key, 0) < len(values):
+            self.taken[key] += 1
+            return values[self.taken[key] - 1]
+        return self.fallback(name, dim, field)
+
+
+def _initial_points(expression: Expression, stats: dict, restarts: int, seed: int, dtype,
+                    inherited: tuple[Expression, dict] | None = None) -> dict:
+    """``{site: [R, ...]}`` unconstrained initial values; restart 0 at the typical values, the others
+    random around them. With ``inherited`` (the parent's expression and fitted hyperparameters) one
+    more restart, the last, continues the parent's fit: the hyperparameters the parent had and the
+    noise start at the parent's optimum, the new ones at their typical values. It is one more, not one
+    of the ``restarts``: the parent's optimum can be a poor start for the new structure (an SE's short
+    lengthscale fitted to a periodic signal is one for the product SE × Per that explains it)."""
     rng = np.random.default_rng([seed, zlib.crc32(expression.key().encode())])
+    pool = _inherited_pool(*inherited) if inherited is not None else None
     points = []
-    for r in range(restarts):
-        initial = _Initial(stats, None if r == 0 else rng, r)
-        sites = _sites(to_kernel(expression, initial))
+    for r in range(restarts + (pool is not None)):
+        continued = r == restarts
+        initial = _Initial(stats, None if r == 0 or continued else rng, r)
+        sites = _sites(to_kernel(expression, _Inherit(pool, initial) if continued else initial))
         u = {name: np.asarray(biject_to(c).inv(jnp.asarray(np.asarray(v), dtype))) for name, (v, c) in sites.items()}
-        noise = stats["y_var"] * (0.1 if r == 0 else float(np.exp(rng.uniform(np.log(0.01), np.log(0.5)))))
+        noise = stats["y_var"] * (0.1 if r == 0 or continued else float(np.exp(rng.uniform(np.log(0.01), np.log(0.5)))))
+        if continued and np.isfinite(inherited[1].get("noise", np.nan)) and inherited[1]["noise"] > 0:
+            noise = float(inherited[1]["noise"])
         u["noise"] = np.asarray(np.log(noise), dtype)
         points.append(u)
     return {name: jnp.asarray(np.stack([p[name] for p in points]), dtype) for name in points[0]}
@@ -377,38 +472,46 @@ class _Settings:
     seed: int
 
 
-def evaluate(expression: Expression, X, y, settings: _Settings, stats: dict, depth: int = 0, parent=None) -> Candidate:
-    """Fit one structure from every restart and score the best (a :class:`Candidate`)."""
+def evaluate(expression: Expression, X, y, settings: _Settings, stats: dict, depth: int = 0, parent=None,
+             parent_hyperparameters: dict | None = None) -> Candidate:
+    """Fit one structure from every restart and score the best (a :class:`Candidate`). With the
+    ``parent``'s (expression text) fitted ``parent_hyperparameters``, the restarts continue its fit."""
     start = time.perf_counter()
     dtype = jnp.result_type(float)
     Xj, yj = jnp.asarray(X, dtype), jnp.asarray(y, dtype)
     Z = Xj[np.linspace(0, len(X) - 1, min(settings.num_inducing, len(X))).astype(int)]
     floor = jnp.asarray(stats["y_var"] * (1e-6 if dtype == jnp.float64 else 1e-4), dtype)
-    u0 = _initial_points(expression, stats, settings.restarts, settings.seed, dtype)
+    inherited = None
+    if parent is not None and parent_hyperparameters:
+        inherited = (canonical(parse(parent), noise=True), parent_hyperparameters)
+    u0 = _initial_points(expression, stats, settings.restarts, settings.seed, dtype, inherited)
     structure = _Structure(expression, settings.score)
     u, log_marginals = _optimise(structure, u0, Xj, yj, Z, floor, settings.steps)
     log_marginals = np.asarray(log_marginals, dtype=np.float64)
     finite = np.isfinite(log_marginals)
     N, p = len(y), _num_params(u0)
     if not finite.any():
-        return Candidate(expression.key(), depth, parent, math.inf, -math.inf, p, settings.restarts,
-                         settings.restarts, time.perf_counter() - start, {})
+        return Candidate(expression.key(), depth, parent, math.inf, -math.inf, p, len(log_marginals),
+                         len(log_marginals), time.perf_counter() - start, {})
     best = int(np.nanargmax(np.where(finite, log_marginals, -np.inf)))
     values, noise = _constrain(expression, {k: v[best] for k, v in u.items()})
     hyper = {k: np.asarray(v, np.float64).tolist() for k, v in values.items()}
     hyper["noise"] = float(noise) + float(floor)
     log_marginal = float(log_marginals[best])
     return Candidate(expression.key(), depth, parent, -2.0 * log_marginal + p * math.log(N), log_marginal, p,
-                     settings.restarts, int((~finite).sum()), time.perf_counter() - start, hyper)
+                     len(log_marginals), int((~finite).sum()), time.perf_counter() - start, hyper)
 
 
 # ----------------------------------------------------------------------------- backends
-def _evaluate_all(expressions, X, y, settings, stats, depth, parents, backend: str, done=lambda candidates: None):
-    """Fit ``expressions`` (one depth's candidates); ``done(candidates)`` is called as results arrive."""
+def _evaluate_all(expressions, X, y, settings, stats, depth, parents, backend: str, done=lambda candidates: None,
+                  inherited=None):
+    """Fit ``expressions`` (one depth's candidates); ``done(candidates)`` is called as results arrive.
+    ``inherited``: each candidate's parent's fitted hyperparameters (or None)."""
+    inherited = list(inherited) if inherited is not None else [None] * len(expressions)
     if backend == "sequential":
         out = []
-        for e, p in zip(expressions, parents):
-            out.append(evaluate(e, X, y, settings, stats, depth, p))
+        for e, p, h in zip(expressions, parents, inherited):
+            out.append(evaluate(e, X, y, settings, stats, depth, p, h))
             done(out[-1:])
         return out
     import ray  # noqa: PLC0415
@@ -418,15 +521,16 @@ def _evaluate_all(expressions, X, y, settings, stats, depth, parents, backend: s
     x64 = bool(jax.config.jax_enable_x64)
 
     @ray.remote
-    def remote(keys, X, y, settings, stats, depth, parents):
+    def remote(keys, X, y, settings, stats, depth, parents, inherited):
         jax.config.update("jax_enable_x64", x64)
-        return [evaluate(canonical(parse(k)), X, y, settings, stats, depth, p) for k, p in zip(keys, parents)]
+        return [evaluate(canonical(parse(k)), X, y, settings, stats, depth, p, h)
+                for k, p, h in zip(keys, parents, inherited)]
 
     workers = max(1, int(ray.available_resources().get("CPU", 1)))
     chunks = [list(range(i, len(expressions), workers)) for i in range(workers)]
     X_ref, y_ref = ray.put(X), ray.put(y)
     futures = [remote.remote([expressions[i].key() for i in c], X_ref, y_ref, settings, stats, depth,
-                             [parents[i] for i in c]) for c in chunks if c]
+                             [parents[i] for i in c], [inherited[i] for i in c]) for c in chunks if c]
     gathered: list[Candidate | None] = [None] * len(expressions)
     for chunk, results in zip([c for c in chunks if c], ray.get(futures)):
         for i, candidate in zip(chunk, results):
@@ -458,7 +562,7 @@ def _check_data(X, y) -> tuple[np.ndarray, np.ndarray]:
 
 def search(X, y, *, depth: int = 3, bases: Sequence[str] = DEFAULT_BASES, beam: int = 1, restarts: int = 5,
            steps: int = 60, changes: bool = True, exact_max: int = 2000, num_inducing: int = 200, seed: int = 0,
-           backend: str = "sequential", progress: bool = True) -> "SearchResult":
+           backend: str = "sequential", progress: bool = True, continue_parents: bool = False) -> "SearchResult":
     """Greedy compositional kernel search on regression data ``X`` ``[N, D]`` (or ``[N]``), ``y`` ``[N]``.
 
     ``depth`` levels of expansion (1: base kernels only); ``bases`` the grammar's base kernels
@@ -469,7 +573,12 @@ def search(X, y, *, depth: int = 3, bases: Sequence[str] = DEFAULT_BASES, beam: 
     evenly spaced training inputs scores more. ``backend``: ``"sequential"`` or ``"ray"`` (the
     candidates of one depth in parallel; the same results). Inputs and targets are used as given:
     standardise y and put x on a readable scale first (the search's initial values adapt to the
-    data's spread, but its descriptions are in x's units). See the module docstring.
+    data's spread, but its descriptions are in x's units). ``continue_parents`` gives every structure
+    expanded from a parent one more restart that continues the parent's fit (Duvenaud 2014, ch. 1): it
+    finds higher-scoring optima, e.g. BIC −1,866 against −1,824 on the CO₂ benchmark, but it also
+    reaches structures that beat the generating one on BIC by fitting the noise (a product of two
+    near-sinusoids whose beat mimics an SE envelope, 12 BIC units better than the Per × SE that
+    generated 100 points at noise sd 0.2), so it is off by default. See the module docstring.
     """
     X, y = _check_data(X, y)
     depth = check_integer(depth, "depth", minimum=1)
@@ -484,13 +593,16 @@ def search(X, y, *, depth: int = 3, bases: Sequence[str] = DEFAULT_BASES, beam: 
     for name in bases:
         if name not in BASE_KERNELS:
             raise InvalidArgumentError("bases", unknown_name_message("base kernel", name, list(BASE_KERNELS)))
+    if not isinstance(continue_parents, bool):
+        raise InvalidArgumentError("continue_parents", f"expected True or False, got {continue_parents!r}")
     if backend not in BACKENDS:
         raise InvalidArgumentError("backend", unknown_name_message("backend", backend, list(BACKENDS)))
     score = "bic-exact" if len(y) <= exact_max else "bic-collapsed"
     settings = _Settings(restarts, steps, score, num_inducing, seed)
     stats = _data_stats(X, y)
     fitted: dict[Expression, Candidate] = {}
-    frontier = [(canonical(b, noise=True), None) for b in _bases(bases, X.shape[1])]
+    frontier: list[tuple[Expression, Candidate | None]] = [(canonical(b, noise=True), None)
+                                                           for b in _bases(bases, X.shape[1])]
     best_so_far: list[Candidate] = []
     for level in range(1, depth + 1):
         todo = [(e, p) for e, p in dict(frontier).items() if e not in fitted]
@@ -504,7 +616,9 @@ def search(X, y, *, depth: int = 3, bases: Sequence[str] = DEFAULT_BASES, beam: 
                 bar.set_postfix_str(f"best {best_so_far[0].expression} (BIC {best_so_far[0].score:.1f})")
                 bar.update(len(candidates))
 
-        done = _evaluate_all([e for e, _ in todo], X, y, settings, stats, level, [p for _, p in todo], backend, report)
+        done = _evaluate_all([e for e, _ in todo], X, y, settings, stats, level,
+                             [None if p is None else p.expression for _, p in todo], backend, report,
+                             [None if p is None or not continue_parents else p.hyperparameters for _, p in todo])
         if bar is not None:
             bar.close()
         for (expression, _), candidate in zip(todo, done):
@@ -514,8 +628,7 @@ def search(X, y, *, depth: int = 3, bases: Sequence[str] = DEFAULT_BASES, beam: 
             frontier = []
             for candidate, expression in best_level:
                 if math.isfinite(candidate.score):
-                    frontier.extend((child, candidate.expression)
-                                    for child in expand(expression, bases, X.shape[1], changes))
+                    frontier.extend((child, candidate) for child in expand(expression, bases, X.shape[1], changes))
     trace = sorted(fitted.values(), key=lambda c: (c.depth, c.score))
     return SearchResult(trace=tuple(trace), score=score, X=X, y=y, settings=settings)
 

@@ -171,6 +171,60 @@ def test_batched_restarts_reach_the_restarts_run_one_by_one(precision):
     np.testing.assert_allclose(alone.max(), batched.max(), rtol=1e-8 if precision == "float64" else 2e-2)
 
 
+@pytest.mark.parametrize("text", ["Per × SE + SE", "CP(RQ, Per) + Lin", "CW(SE + Per, Lin)", "SE[0] × Lin[1] + RQ[1]"])
+def test_every_hyperparameter_site_is_traced_to_its_base_column_and_field(text):
+    """The site -> (base, column, field) map behind inherited initial values: every trainable site, each once,
+    its field the site's last name part, a product summand's variance its own ("product")."""
+    expression = canonical(parse(text), noise=True)
+    fields = search_module._site_fields(expression)
+    sites = search_module._sites(to_kernel(expression))
+    assert sorted(name for name, _ in fields) == sorted(sites)
+    for site, (base, column, field) in fields:
+        assert site.rsplit(".", 1)[1] == field
+        assert column in (0, 1)
+        assert base in ("SE", "Per", "Lin", "RQ", "CP", "CW", "product")
+    assert sum(1 for _, key in fields if key[0] == "product") == sum(isinstance(t, Mul) for t in search_module.summands(expression))
+
+
+def test_a_child_structure_gets_one_more_restart_that_continues_its_parents_fit():
+    """The restarts of a structure without a parent start as before, and one more continues the parent's fit:
+    every hyperparameter the parent had, and the noise, at the parent's fitted value (Duvenaud 2014, ch. 1,
+    "Scoring kernel families"), the new base kernel's at its typical values."""
+    x, y, _, _ = _series("Lin + Per", 0.1)
+    X = x[:, None]
+    stats = search_module._data_stats(X, y)
+    parent = canonical(parse("Per + SE"), noise=True)
+    fitted = {site: 0.1 + 0.37 * i for i, (site, _) in enumerate(search_module._site_fields(parent))}
+    fitted["noise"] = 0.0123
+    child = canonical(parse("Per + SE + Lin"), noise=True)
+    u0 = search_module._initial_points(child, stats, 3, 0, jnp.float64, (parent, fitted))
+    alone = search_module._initial_points(child, stats, 3, 0, jnp.float64)  # no parent
+    constrained = {site: constraint for site, (_, constraint) in search_module._sites(to_kernel(child)).items()}
+    by_field = dict(search_module._site_fields(child))
+    parent_by_field = {key: fitted[site] for site, key in search_module._site_fields(parent)}
+    checked = 0
+    for site, values in u0.items():
+        assert values.shape[0] == 4
+        np.testing.assert_array_equal(values[:3], alone[site])  # the usual restarts, unchanged
+        if site == "noise":
+            np.testing.assert_allclose(np.exp(values[3]), 0.0123, rtol=1e-12)
+            continue
+        value = float(search_module.biject_to(constrained[site])(values[3]))
+        if by_field[site] in parent_by_field:
+            np.testing.assert_allclose(value, parent_by_field[by_field[site]], rtol=1e-12)
+            checked += 1
+        else:  # the new Lin's variance and offset start at their typical values (restart 0's)
+            assert by_field[site][0] == "Lin"
+            np.testing.assert_allclose(values[3], alone[site][0], rtol=1e-12)
+    assert checked == len(fitted) - 1
+    # and the search counts it, when asked: a child's candidate reports restarts + 1
+    kwargs = dict(depth=2, bases=("Per", "Lin"), restarts=2, steps=10, changes=False, progress=False)
+    result = search(x, y, continue_parents=True, **kwargs)
+    assert {c.restarts for c in result.trace if c.depth == 1} == {2}
+    assert {c.restarts for c in result.trace if c.depth == 2} == {3}
+    assert {c.restarts for c in search(x, y, **kwargs).trace} == {2}  # off by default
+
+
 def _fitted(expression_text: str, x, y) -> SearchResult:
     expression = canonical(parse(expression_text), noise=True)
     settings_ = _Settings(restarts=2, steps=20, score="bic-exact", num_inducing=10, seed=0)
@@ -212,7 +266,7 @@ def test_a_component_that_is_the_whole_kernel_is_the_posterior():
 @pytest.mark.parametrize("change, kwargs, argument", [
     ("y", {}, "y"), ("constant", {}, "y"), ("one", {}, "X"), ("depth", {"depth": 0}, "depth"),
     ("bases", {"bases": ("SE", "Fourier")}, "bases"), ("backend", {"backend": "dask"}, "backend"),
-    ("restarts", {"restarts": 0}, "restarts"),
+    ("restarts", {"restarts": 0}, "restarts"), ("continue", {"continue_parents": "yes"}, "continue_parents"),
 ])
 def test_bad_input_gets_a_typed_error_naming_the_argument(change, kwargs, argument):
     x, y = np.linspace(0, 1, 10), np.sin(np.linspace(0, 1, 10))
