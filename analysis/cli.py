@@ -241,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     search_p.add_argument("--changes", action=argparse.BooleanOptionalAction, default=True,
                           help="include the change-point and change-window productions (default: on)")
     search_p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the data set and the restarts")
+    search_p.add_argument("--continue-parents", action="store_true",
+                          help="one more restart per expanded structure, continuing its parent's fit (default: off)")
     search_p.add_argument("--backend", choices=("sequential", "ray"), default="sequential",
                           help="where the candidates of a depth are fitted: here, one after another (default), or on Ray")
     search_p.add_argument("--float32", action="store_true",
@@ -315,7 +317,8 @@ def _cmd_search_locked(args, out) -> int:
         title = f"Kernel search: {args.data_path.name}"
     bases = [b.strip() for b in args.bases.split(",") if b.strip()]
     result = search(X, y, depth=args.depth, bases=bases, beam=args.beam, restarts=args.restarts, steps=args.steps,
-                    changes=args.changes, seed=args.seed, backend=args.backend, progress=not args.quiet)
+                    changes=args.changes, seed=args.seed, backend=args.backend, progress=not args.quiet,
+                    continue_parents=args.continue_parents)
     path = write_report(result, args.out, X_test=X_test, y_test=y_test, title=title)
     print(verdict(result), file=out)
     print(f"report: {path}", file=out)

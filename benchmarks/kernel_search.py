@@ -13,7 +13,9 @@ noise here).
 Differences from the papers: one train/test split per series (Duvenaud et al. 2013 report
 extrapolation on several series and folds); BIC from the exact marginal likelihood, as the
 papers, but with this project's initialisation (periodogram peaks, data spreads) and L-BFGS
-settings; no peer search library ran beside it on this machine (none is installed). Timings
+settings; the peer side by side (gallifrey's SMC over structures on the same splits) is
+``benchmarks/gallifrey_peer.py``. ``--continue-parents`` adds, for every expanded structure, a
+restart continuing its parent's fit (``gpzoo.search(continue_parents=True)``). Timings
 are split into XLA compile time (JAX's compile-duration events) and the rest (arithmetic and
 Python), with the load average at the start.
 
@@ -56,10 +58,11 @@ def _compile_seconds():
     return totals
 
 
-def run_series(name: str, depth: int, restarts: int, steps: int, totals) -> dict:
+def run_series(name: str, depth: int, restarts: int, steps: int, totals, continue_parents: bool = False) -> dict:
     data = datasets.load(name, seed=0)
     start_compile, start = totals["compile"], time.perf_counter()
-    result = search_module.search(data.X_train, data.y_train, depth=depth, restarts=restarts, steps=steps, progress=True)
+    result = search_module.search(data.X_train, data.y_train, depth=depth, restarts=restarts, steps=steps, progress=True,
+                                  continue_parents=continue_parents)
     wall = time.perf_counter() - start
     compile_s = totals["compile"] - start_compile
     rows = {"search": {"structure": str(result.expression), "bic": result.best.score,
@@ -78,7 +81,7 @@ def run_series(name: str, depth: int, restarts: int, steps: int, totals) -> dict
         per_depth[c.depth].append(c.score)
     return {
         "n_train": int(len(data.y_train)), "n_test": int(len(data.y_test)), "depth": depth, "restarts": restarts,
-        "steps": steps, "score": result.score, "structures_fitted": len(result.trace),
+        "steps": steps, "continue_parents": continue_parents, "score": result.score, "structures_fitted": len(result.trace),
         "best_per_depth": {str(d): min(v) for d, v in sorted(per_depth.items())},
         "wall_s": wall, "compile_s": compile_s, "other_s": wall - compile_s,
         "candidates_per_s": len(result.trace) / wall, "rows": rows,
@@ -93,11 +96,13 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--restarts", type=int, default=5)
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--continue-parents", action="store_true",
+                        help="one more restart per child continuing its parent's fit (gpzoo.search's continue_parents)")
     args = parser.parse_args()
     totals = _compile_seconds()
     for name in [s.strip() for s in args.series.split(",") if s.strip()]:
         payload = {"date": now(), "machine": machine_info(), "load_at_start": os.getloadavg()[0],
-                   **run_series(name, args.depth, args.restarts, args.steps, totals)}
+                   **run_series(name, args.depth, args.restarts, args.steps, totals, args.continue_parents)}
         merge_results(OUT, name, payload)
         rows = payload["rows"]
         print(f"{name}: {payload['rows']['search']['structure']}  wall {payload['wall_s']:.1f} s "

@@ -33,6 +33,7 @@ ORDER = ("reproduce_conv", "reproduce_invariance", "reproduce_tick", "conv_kerne
 TITLES = {
     "reproduce_conv": "van der Wilk et al. 2017 reproduction: convolutional GPs (`benchmarks/reproduce_conv.py`)",
     "kernel_search": "Kernel structure search on the statsmodels series, extrapolating the last 20 % (`benchmarks/kernel_search.py`)",
+    "gallifrey_peer": "Kernel structure search beside gallifrey's SMC structure learning, same splits (`benchmarks/gallifrey_peer.py`)",
     "reproduce_invariance": "van der Wilk et al. 2018 reproduction: learned invariances (`benchmarks/reproduce_invariance.py`)",
     "report_phase": "Report phase against fitting phase of the default `gpzoo compare` (`benchmarks/report_phase.py`)",
     "compile_once": "Compile once, fit many: repeated fits, a first fit against GPJax, the README's main job (`benchmarks/compile_once.py`)",
@@ -304,13 +305,36 @@ def _kernel_search(report: dict) -> list[str]:
     lines = []
     for name, r in report.get("experiments", {}).items():
         lines += ["", f"**{name}** ({r['n_train']} train / {r['n_test']} extrapolated points; depth {r['depth']}, "
-                      f"{r['restarts']} restarts × {r['steps']} L-BFGS iterations; {r['structures_fitted']} structures, "
+                      f"{r['restarts']} restarts × {r['steps']} L-BFGS iterations"
+                      f"{', plus one continuing the parent' if r.get('continue_parents') else ''}; {r['structures_fitted']} structures, "
                       f"{num(r['wall_s'])} s wall of which {num(r['compile_s'])} s compiling, load {num(r['load_at_start'])} "
                       f"at the start). {provenance(r)}", ""]
         rows = [[label if label == "search" else f"fixed {label}", f"`{row['structure']}`", num(row["bic"]), num(row["rmse"]),
                  num(row["mean_log_predictive_density"])] for label, row in r["rows"].items()]
         lines += table(["model", "structure", "BIC (train)", "held-out RMSE", "held-out MLPD"], rows)
         lines += ["", "Components found: " + "; ".join(f"`{c['expression']}`: {c['description']}" for c in r["components"])]
+    return lines
+
+
+@formatter("gallifrey_peer")
+def _gallifrey_peer(report: dict) -> list[str]:
+    lines = []
+    for name, r in report.get("experiments", {}).items():
+        g, z, cfg = r.get("gallifrey") or {}, r.get("gpzoo") or {}, (r.get("settings") or {}).get("gallifrey") or {}
+        lines += ["", f"**{name}** ({r['n_train']} train / {r['n_test']} extrapolated points; gallifrey "
+                      f"{num(cfg.get('particles'))} particles, {num(cfg.get('smc_steps'))} SMC rounds, n_mcmc "
+                      f"{num(cfg.get('n_mcmc'))}, n_hmc {num(cfg.get('n_hmc'))}; load {num(r['load_average_start'][0])} at the "
+                      f"start). {provenance(r)}", ""]
+        rows = []
+        if g and "error" not in g:
+            rows.append(["gallifrey (SMC mixture)", "—", num(g["rmse"]), num(g["mean_log_predictive_density"]),
+                         num(g["fit_s"]), num(g["compile_s"]), f"{num(g['effective_particles'])} effective particles"])
+        elif r.get("gallifrey_note") or g:
+            rows.append(["gallifrey", "—", "—", "—", "—", "—", r.get("gallifrey_note") or "failed (see the JSON)"])
+        if z:
+            rows.append(["gpzoo search", f"`{z['structure']}`", num(z["rmse"]), num(z["mean_log_predictive_density"]),
+                         num(z["wall_s"]), num(z["compile_s"]), f"{num(z['structures_fitted'])} structures"])
+        lines += table(["method", "structure", "held-out RMSE", "held-out MLPD", "wall s", "compile s", "note"], rows)
     return lines
 
 

@@ -314,6 +314,11 @@ def test_the_report_opens_with_the_verdict_and_the_cli_writes_it(tmp_path):
     assert (out / "figures" / "components.png").stat().st_size > 0
     # a second run into the same folder is refused without --overwrite
     assert main(["search", "--data-path", str(tmp_path / "series.csv"), "--depth", "1", "--out", str(out), "--quiet"]) == 2
+    # --continue-parents reaches the search: each depth-2 structure has its parent-continuing restart
+    assert main(["search", "--data-path", str(tmp_path / "series.csv"), "--depth", "2", "--bases", "Lin,Per", "--restarts",
+                 "2", "--steps", "5", "--no-changes", "--continue-parents", "--out", str(out), "--overwrite", "--quiet"]) == 0
+    trace = json.loads((out / "search.json").read_text())["trace"]
+    assert {c["restarts"] for c in trace if c["depth"] == 2} == {3}
 
 
 def test_verdict_names_the_winner_and_the_evidence():
