@@ -53,6 +53,21 @@ def comma_choices(parser, text: str, allowed, what: str) -> list[str]:
     return names
 
 
+def compile_seconds():
+    """A counter whose ``"compile"`` entry accumulates XLA compile time from now on (JAX's
+    backend-compile and jaxpr-to-MLIR duration events)."""
+    import collections  # noqa: PLC0415
+
+    totals = collections.Counter()
+
+    def listener(event, duration, **_):
+        if event == "/jax/core/compile/backend_compile_duration" or event.endswith("jaxpr_to_mlir_module_duration"):
+            totals["compile"] += duration
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    return totals
+
+
 def now() -> str:
     """The current UTC time, ISO 8601 to the second."""
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

@@ -95,7 +95,6 @@ the peer is not run, the file says so and the script exits 0.
 from __future__ import annotations
 
 import argparse
-import collections
 import importlib
 import json
 import math
@@ -111,7 +110,7 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 import numpy as np  # noqa: E402
-from _common import comma_choices, machine_info, merge_results, now  # noqa: E402
+from _common import comma_choices, compile_seconds, machine_info, merge_results, now  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gallifrey_peer.json"
@@ -242,17 +241,6 @@ def mixture_scores(y, means, variances, log_weights) -> dict:
 
 
 # ----------------------------------------------------------------------------- gpzoo's side
-def _compile_listener():
-    totals = collections.Counter()
-
-    def listener(event, duration, **_):
-        if event == "/jax/core/compile/backend_compile_duration" or event.endswith("jaxpr_to_mlir_module_duration"):
-            totals["compile"] += duration
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    return totals
-
-
 def run_gpzoo(data, *, depth: int, restarts: int, steps: int, totals) -> dict:
     """``gpzoo.analysis.search.search`` with kernel_search.py's settings, scored by ``heldout_metrics``."""
     search_module = importlib.import_module("gpzoo.analysis.search")
@@ -292,7 +280,7 @@ def main(argv=None) -> dict:
     note = None if args.gallifrey_python else "no --gallifrey-python given: the gallifrey peer was not run"
     if note:
         print(note)
-    totals = _compile_listener()
+    totals = compile_seconds()
     previous = json.loads(args.out.read_text()).get("experiments", {}) if args.out.exists() else {}
     report = {}
     for name in names:

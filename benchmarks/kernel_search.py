@@ -36,7 +36,7 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-from _common import machine_info, merge_results, now  # noqa: E402
+from _common import compile_seconds, machine_info, merge_results, now  # noqa: E402
 
 from gpzoo.analysis import datasets  # noqa: E402
 from gpzoo.models.grammar import canonical, parse  # noqa: E402
@@ -45,17 +45,6 @@ search_module = importlib.import_module("gpzoo.analysis.search")
 OUT = Path(__file__).parent / "results" / "kernel_search.json"
 #: Fixed structures scored beside the search's result (per series; "all" for every series).
 REFERENCES = {"all": ["SE", "SE + Per"], "co2": ["SE + SE × Per + RQ"]}
-
-
-def _compile_seconds():
-    totals = collections.Counter()
-
-    def listener(event, duration, **_):
-        if event == "/jax/core/compile/backend_compile_duration" or event.endswith("jaxpr_to_mlir_module_duration"):
-            totals["compile"] += duration
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    return totals
 
 
 def run_series(name: str, depth: int, restarts: int, steps: int, totals, continue_parents: bool = False) -> dict:
@@ -99,7 +88,7 @@ def main() -> None:
     parser.add_argument("--continue-parents", action="store_true",
                         help="one more restart per child continuing its parent's fit (gpzoo.search's continue_parents)")
     args = parser.parse_args()
-    totals = _compile_seconds()
+    totals = compile_seconds()
     for name in [s.strip() for s in args.series.split(",") if s.strip()]:
         payload = {"date": now(), "machine": machine_info(), "load_at_start": os.getloadavg()[0],
                    **run_series(name, args.depth, args.restarts, args.steps, totals, args.continue_parents)}

@@ -9,6 +9,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -187,3 +188,43 @@ def test_nuts_ess_benchmark_tiny(tmp_path):
     assert all(math.isfinite(h["ess_bulk"]) and h["ess_bulk"] > 0 for h in r["hyperparameters"].values())
     assert r["finite"] and math.isfinite(r["ess_per_s"]) and r["ess_per_s"] > 0
     assert r["wall_s"] >= r["sampling_s"] > 0 and r["divergences"] >= 0 and len(r["log_density_at_check_points"]) == 3
+
+
+def test_gallifrey_peer_mixture_scores_and_the_run_without_the_peer(tmp_path):
+    """The peer's particle mixture is scored as a mixture: one particle (or identical ones) gives the Gaussian's log
+    density; two particles the log of their weighted average. Without ``--gallifrey-python`` the script says so in
+    its result and the results page shows that note."""
+    from scipy.stats import norm
+
+    peer = _load("gallifrey_peer")
+    y = np.array([0.3, -1.2, 2.0])
+    mean, var = np.array([0.0, -1.0, 1.5]), np.array([0.5, 0.2, 1.0])
+    one = peer.mixture_scores(y, mean[None], var[None], np.array([0.0]))
+    np.testing.assert_allclose(one["mean_log_predictive_density"], norm.logpdf(y, mean, np.sqrt(var)).mean(), rtol=1e-12)
+    twice = peer.mixture_scores(y, np.stack([mean, mean]), np.stack([var, var]), np.array([-3.0, -3.0]))
+    np.testing.assert_allclose(twice["mean_log_predictive_density"], one["mean_log_predictive_density"], rtol=1e-12)
+    assert twice["effective_particles"] == pytest.approx(2.0)
+    other = mean + 1.0
+    mixed = peer.mixture_scores(y, np.stack([mean, other]), np.stack([var, var]), np.log([0.25, 0.75]))
+    expected = np.log(0.25 * norm.pdf(y, mean, np.sqrt(var)) + 0.75 * norm.pdf(y, other, np.sqrt(var))).mean()
+    np.testing.assert_allclose(mixed["mean_log_predictive_density"], expected, rtol=1e-12)
+    np.testing.assert_allclose(mixed["rmse"], np.sqrt(np.mean((0.25 * mean + 0.75 * other - y) ** 2)), rtol=1e-12)
+
+    out = tmp_path / "gallifrey_peer.json"
+    peer.main(["--series", "nile", "--out", str(out)])
+    run = json.loads(out.read_text())["experiments"]["nile"]
+    assert run["gallifrey"] is None and "not run" in run["gallifrey_note"] and run["gpzoo"] is None
+    assert run["n_train"] == 80 and run["differences"]
+    summarise = _load("summarise")
+    page = summarise.render(tmp_path)
+    assert "gallifrey_peer.py" in page and "not run" in page
+
+
+@pytest.mark.benchmark
+def test_kernel_search_benchmark_tiny(tmp_path, monkeypatch):
+    kernel_search = _load("kernel_search")
+    monkeypatch.setattr(kernel_search, "OUT", tmp_path / "kernel_search.json")
+    row = kernel_search.run_series("nile", depth=1, restarts=1, steps=3, totals=kernel_search.compile_seconds())
+    assert row["structures_fitted"] == 4 and row["depth"] == 1 and row["wall_s"] >= row["compile_s"] >= 0
+    assert {"search", "SE", "SE + Per"} <= set(row["rows"])
+    assert all(math.isfinite(r["bic"]) and r["rmse"] > 0 for r in row["rows"].values())
