@@ -444,16 +444,19 @@ def _initial_points(expression: Expression, stats: dict, restarts: int, seed: in
     of the ``restarts``: the parent's optimum can be a poor start for the new structure (an SE's short
     lengthscale fitted to a periodic signal is one for the product SE × Per that explains it)."""
     rng = np.random.default_rng([seed, zlib.crc32(expression.key().encode())])
-    pool = _inherited_pool(*inherited) if inherited is not None else None
+    pool, parent_noise = None, math.nan
+    if inherited is not None:
+        pool = _inherited_pool(*inherited)
+        parent_noise = float(inherited[1].get("noise", math.nan))
     points = []
     for r in range(restarts + (pool is not None)):
         continued = r == restarts
         initial = _Initial(stats, None if r == 0 or continued else rng, r)
-        sites = _sites(to_kernel(expression, _Inherit(pool, initial) if continued else initial))
+        sites = _sites(to_kernel(expression, _Inherit(pool, initial) if continued and pool is not None else initial))
         u = {name: np.asarray(biject_to(c).inv(jnp.asarray(np.asarray(v), dtype))) for name, (v, c) in sites.items()}
         noise = stats["y_var"] * (0.1 if r == 0 or continued else float(np.exp(rng.uniform(np.log(0.01), np.log(0.5)))))
-        if continued and np.isfinite(inherited[1].get("noise", np.nan)) and inherited[1]["noise"] > 0:
-            noise = float(inherited[1]["noise"])
+        if continued and math.isfinite(parent_noise) and parent_noise > 0:
+            noise = parent_noise
         u["noise"] = np.asarray(np.log(noise), dtype)
         points.append(u)
     return {name: jnp.asarray(np.stack([p[name] for p in points]), dtype) for name in points[0]}
