@@ -312,30 +312,27 @@ def _optimise(structure: _Structure, u0: dict, X, y, Z, noise_floor, steps: int,
     # of the run's arithmetic; smaller data sets keep the one batch, whose calls cost little
     half = R // 2 if X.shape[0] >= COMPACT_MIN_POINTS else 0
 
-    def rows(mask):
-        """The restarts to evaluate: all, or the ``mask``'s padded to ``half`` once few are live."""
+    def evaluate(program, V, mask):
+        """``program`` on every restart, or, once few are live, on the ``mask``'s (padded to ``half``):
+        its outputs flattened to ``[R, ...]`` with NaN for the restarts not evaluated."""
         if np.count_nonzero(live) > half:
-            return None
+            return [np.array(v, np.float64) for v in program(structure, _unflat(V, u0, dtype), X, y, Z, noise_floor)]
         chosen = np.flatnonzero(mask)
-        return np.concatenate([chosen, np.repeat(chosen[:1], half - len(chosen))])
+        index = np.concatenate([chosen, np.repeat(chosen[:1], half - len(chosen))])
+        outs = []
+        for v in program(structure, _unflat(V[index], u0, dtype), X, y, Z, noise_floor):
+            v = np.asarray(v, np.float64)
+            full = np.full((R, *v.shape[1:]), np.nan)
+            full[index] = v
+            outs.append(full)
+        return outs
 
     def values(V, mask):
-        index = rows(mask)
-        if index is None:
-            return np.array(_batched_loss(structure, _unflat(V, u0, dtype), X, y, Z, noise_floor), np.float64)
-        out = np.full(R, np.nan)
-        out[index] = np.array(_batched_loss(structure, _unflat(V[index], u0, dtype), X, y, Z, noise_floor), np.float64)
-        return out
+        return evaluate(lambda *args: (_batched_loss(*args),), V, mask)[0]
 
     def values_and_grads(V, mask):
-        index = rows(mask)
-        if index is None:
-            f, g = _batched_loss_and_grad(structure, _unflat(V, u0, dtype), X, y, Z, noise_floor)
-            return np.array(f, np.float64), _flat(g)
-        f, g = _batched_loss_and_grad(structure, _unflat(V[index], u0, dtype), X, y, Z, noise_floor)
-        f_all, g_all = np.full(R, np.nan), np.full(V.shape, np.nan)
-        f_all[index], g_all[index] = np.array(f, np.float64), _flat(g)
-        return f_all, g_all
+        f, g = evaluate(lambda *args: (lambda fg: (fg[0], _flat(fg[1])))(_batched_loss_and_grad(*args)), V, mask)
+        return f, g
 
     live = np.ones(R, bool)
     f, g = values_and_grads(U, live)

@@ -186,10 +186,11 @@ def test_every_hyperparameter_site_is_traced_to_its_base_column_and_field(text):
     assert sum(1 for _, key in fields if key[0] == "product") == sum(isinstance(t, Mul) for t in search_module.summands(expression))
 
 
-def test_a_child_structure_gets_one_more_restart_that_continues_its_parents_fit():
+def test_a_child_structure_gets_one_more_restart_that_continues_its_parents_fit(precision):
     """The restarts of a structure without a parent start as before, and one more continues the parent's fit:
     every hyperparameter the parent had, and the noise, at the parent's fitted value (Duvenaud 2014, ch. 1,
     "Scoring kernel families"), the new base kernel's at its typical values."""
+    dtype, rtol = (jnp.float32, 1e-5) if precision == "float32" else (jnp.float64, 1e-12)
     x, y, _, _ = _series("Lin + Per", 0.1)
     X = x[:, None]
     stats = search_module._data_stats(X, y)
@@ -197,8 +198,8 @@ def test_a_child_structure_gets_one_more_restart_that_continues_its_parents_fit(
     fitted = {site: 0.1 + 0.37 * i for i, (site, _) in enumerate(search_module._site_fields(parent))}
     fitted["noise"] = 0.0123
     child = canonical(parse("Per + SE + Lin"), noise=True)
-    u0 = search_module._initial_points(child, stats, 3, 0, jnp.float64, (parent, fitted))
-    alone = search_module._initial_points(child, stats, 3, 0, jnp.float64)  # no parent
+    u0 = search_module._initial_points(child, stats, 3, 0, dtype, (parent, fitted))
+    alone = search_module._initial_points(child, stats, 3, 0, dtype)  # no parent
     constrained = {site: constraint for site, (_, constraint) in search_module._sites(to_kernel(child)).items()}
     by_field = dict(search_module._site_fields(child))
     parent_by_field = {key: fitted[site] for site, key in search_module._site_fields(parent)}
@@ -207,15 +208,15 @@ def test_a_child_structure_gets_one_more_restart_that_continues_its_parents_fit(
         assert values.shape[0] == 4
         np.testing.assert_array_equal(values[:3], alone[site])  # the usual restarts, unchanged
         if site == "noise":
-            np.testing.assert_allclose(np.exp(values[3]), 0.0123, rtol=1e-12)
+            np.testing.assert_allclose(np.exp(values[3]), 0.0123, rtol=rtol)
             continue
         value = float(search_module.biject_to(constrained[site])(values[3]))
         if by_field[site] in parent_by_field:
-            np.testing.assert_allclose(value, parent_by_field[by_field[site]], rtol=1e-12)
+            np.testing.assert_allclose(value, parent_by_field[by_field[site]], rtol=rtol)
             checked += 1
         else:  # the new Lin's variance and offset start at their typical values (restart 0's)
             assert by_field[site][0] == "Lin"
-            np.testing.assert_allclose(values[3], alone[site][0], rtol=1e-12)
+            np.testing.assert_allclose(values[3], alone[site][0], rtol=rtol)
     assert checked == len(fitted) - 1
     # and the search counts it, when asked: a child's candidate reports restarts + 1
     kwargs = dict(depth=2, bases=("Per", "Lin"), restarts=2, steps=10, changes=False, progress=False)
@@ -377,3 +378,27 @@ def test_a_second_search_of_the_same_shapes_compiles_nothing():
         second = search(x2, y2, seed=3, **kwargs)
     assert {c.expression for c in first.trace} >= {c.expression for c in second.trace}
     assert counter.count == 0, f"the second search compiled {counter.count} programs"
+
+
+def test_dropping_finished_restarts_from_the_batch_keeps_the_optimum(monkeypatch):
+    """On COMPACT_MIN_POINTS points or more, restarts that have stopped leave the batch once half have; the live
+    ones reach what the full batch reaches (float64, up to the batch's rounding)."""
+    x, y, truth, _ = _series("Lin + Per", 0.1, n=search_module.COMPACT_MIN_POINTS)
+    X = x[:, None]
+    stats = search_module._data_stats(X, y)
+    u0 = search_module._initial_points(truth, stats, 4, 0, jnp.float64)
+    structure = search_module._Structure(truth, "bic-exact")
+    args = (jnp.asarray(X), jnp.asarray(y), jnp.asarray(X[:10]), jnp.asarray(1e-6 * stats["y_var"]))
+    sizes = []
+    real = search_module._batched_loss_and_grad
+
+    def counting(structure, U, *rest):
+        sizes.append(len(next(iter(U.values()))))
+        return real(structure, U, *rest)
+
+    monkeypatch.setattr(search_module, "_batched_loss_and_grad", counting)
+    _, compacted = search_module._optimise(structure, u0, *args, 200)
+    assert 2 in sizes and sizes[0] == 4  # it did drop to half the batch
+    monkeypatch.setattr(search_module, "COMPACT_MIN_POINTS", 10**9)
+    _, full = search_module._optimise(structure, u0, *args, 200)
+    np.testing.assert_allclose(np.nanmax(compacted), np.nanmax(full), rtol=1e-8)
