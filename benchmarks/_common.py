@@ -2,8 +2,9 @@
 
 ``machine_info`` says where the numbers came from (device, library versions, BLAS pools, the
 load when the run started: this machine is shared and noisy, so every timing is read next to it);
+``provenance`` adds how the file was made (the command line, the date, the git commit);
 ``write_json`` and ``merge_results`` replace a result file atomically, so an interrupted run never
-leaves half a file behind.
+leaves half a file behind, and record the provenance of a report that does not carry its own.
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ import datetime
 import json
 import os
 import platform
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import jax
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def machine_info() -> dict:
@@ -73,8 +78,62 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def _relative_to_root(arg: str) -> str:
+    """``arg`` relative to the repository root when it is an absolute path inside it, else unchanged."""
+    option, equals, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+    if not os.path.isabs(value):
+        return arg
+    try:
+        relative = Path(value).resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return arg
+    return f"{option}{equals}{relative}"
+
+
+def _command() -> list[str]:
+    """``sys.argv`` with the script relative to the repository root (its bare name when outside it)."""
+    if not sys.argv:
+        return []
+    script = sys.argv[0]
+    if os.path.isabs(script) or os.path.exists(script):
+        try:
+            script = Path(script).resolve().relative_to(ROOT).as_posix()
+        except ValueError:
+            script = Path(script).name
+    return [script, *(_relative_to_root(arg) for arg in sys.argv[1:])]
+
+
+def git_commit(root: Path = ROOT) -> str | None:
+    """``git rev-parse HEAD`` of ``root``, with ``-dirty`` when tracked files differ from it; None
+    without git or outside a repository."""
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=30, check=True).stdout.strip()
+        changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                 capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{head}-dirty" if head and changed else head or None
+
+
+def provenance(settings: dict | None = None) -> dict:
+    """How a result was made: the command line (the script relative to the repository root, never
+    an absolute path of this machine), the date, the git commit and :func:`machine_info` (device,
+    library versions, load); ``settings`` too when given."""
+    record = {"command": _command(), "date": now(), "git_commit": git_commit(), "machine": machine_info()}
+    if settings is not None:
+        record["settings"] = settings
+    return record
+
+
 def write_json(path: Path, report: dict) -> None:
-    """Write ``report`` to ``path`` through a temporary file and an atomic rename."""
+    """Write ``report`` to ``path`` through a temporary file and an atomic rename.
+
+    A report without a ``"provenance"`` entry gets one (:func:`provenance`, added to ``report``);
+    one that has it keeps it as it is.
+    """
+    if "provenance" not in report:
+        report["provenance"] = provenance()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -86,12 +145,15 @@ def merge_results(path: Path, key: str, payload: dict) -> dict:
     """Write ``payload`` under ``experiments[key]`` of the JSON at ``path``, keeping the others.
 
     The file is read just before writing, so experiments written by another run in the meantime
-    are kept.
+    are kept. ``payload`` gets this run's :func:`provenance` unless it carries its own; the
+    file's top-level ``"provenance"`` is the latest write's.
     """
     path = Path(path)
+    payload.setdefault("provenance", provenance())
     report = json.loads(path.read_text()) if path.exists() else {}
     report.setdefault("experiments", {})[key] = payload
     report["updated"] = payload["date"]
+    report["provenance"] = payload["provenance"]
     write_json(path, report)
     return report
 

@@ -811,18 +811,22 @@ def generic(report: dict) -> list[str]:
 
 # ----------------------------------------------------------------------------- the results page
 def render(results_dir: Path = RESULTS) -> str:
-    """The Markdown that goes between the markers, from every ``*.json`` in ``results_dir``."""
+    """The Markdown that goes between the markers, from every ``*.json`` in ``results_dir``; a file
+    with incomplete provenance (:func:`provenance_gaps`) says so under its title."""
     files = sorted(results_dir.glob("*.json"), key=lambda p: (ORDER.index(p.stem) if p.stem in ORDER else len(ORDER), p.stem))
     lines = []
     for path in files:
+        gaps = []
         try:
             report = json.loads(path.read_text())
+            gaps = provenance_gaps(path, report)
             body = FORMATTERS.get(ALIASES.get(path.stem, path.stem), generic)(report)
             if isinstance(report.get("note"), str):
                 body = ["", report["note"], *body]
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:  # a malformed file must not hide the rest
             body = ["", f"(could not summarise: {type(exc).__name__}: {exc})"]
-        lines += ["", f"## {TITLES.get(path.stem, path.stem.replace('_', ' '))}", *body]
+        incomplete = ["", f"Provenance incomplete: recorded without {', '.join(gaps)}; re-run to complete."] if gaps else []
+        lines += ["", f"## {TITLES.get(path.stem, path.stem.replace('_', ' '))}", *incomplete, *body]
     return "\n".join(lines).strip("\n")
 
 
@@ -833,19 +837,240 @@ def updated_page(text: str, section: str) -> str:
     return text[: start + len(BEGIN)] + "\n" + section + "\n" + text[stop:]
 
 
+# ----------------------------------------------------------------------------- provenance
+#: what every results file records about how it was made, in the order they are named
+PROVENANCE_FIELDS = ("command", "settings", "device", "versions", "date", "git commit")
+#: the key under which a results file records its script's ``STEP_DESCRIPTION``
+STEP_KEY = "step_description"
+#: how :func:`provenance_gaps` names a step description the file lacks or that its script no longer runs
+STALE_STEP = "current step description"
+
+#: results files written before every file carried its provenance, and what each lacks (as
+#: :func:`provenance_gaps` words it). They cannot be re-run at will, so ``--check`` accepts them
+#: with a warning; it fails when one becomes complete (remove it here) or lacks something other
+#: than what is written here (say what it now lacks): the list only shrinks.
+RECORDED_WITHOUT_PROVENANCE: dict[str, str] = {
+    "compile_once": "command, git commit",
+    "conv_kernels": "command, git commit",
+    "conv_kernels_mnist10": "command, git commit",
+    "conv_kernels_mnist10_2cores": "command, date, git commit",
+    "conv_kernels_mnist10_tick": "command, git commit",
+    "data_parallel_step": "command, git commit",
+    "data_parallel_step_8cores": "command, git commit",
+    "data_parallel_step_h100": "command, git commit",
+    "deep_conv_step": "command, git commit",
+    "deep_conv_step_2cores": "command, git commit",
+    "deep_conv_step_h100": "command, git commit",
+    "dkm_sine_toy": "command, git commit",
+    "dkm_step": "command, settings, git commit",
+    "gpflow_side_by_side": "command, settings, device, versions, date, git commit",
+    "gpflow_side_by_side_mnist10_timing": "command, settings, device, versions, date, git commit",
+    "invariance_toy": "command, device, versions, date, git commit",
+    "kernel_search": "command, settings, git commit",
+    "natgrad": "command, git commit",
+    "nuts_ess": "command, git commit",
+    "pg_natgrad": "command, git commit",
+    "polya_gamma_throughput": "command, settings, date, git commit",
+    "ray_speedup": "command, git commit",
+    "ray_speedup_2cores_1500": "command, git commit",
+    "ray_speedup_2cores_quiet": "command, git commit",
+    "ray_speedup_8cores": "command, git commit",
+    "ray_speedup_8cores_1500": "command, git commit",
+    "report_phase": "command, settings, git commit",
+    "reproduce_conv": "command, git commit",
+    "reproduce_dkm": "command, git commit",
+    "reproduce_dkm_mnist": "command, git commit",
+    "reproduce_dkm_mnist_2400": "command, git commit",
+    "reproduce_dkm_mnist_2400_gamma128": "command, git commit",
+    "reproduce_dkm_mnist_constant_lr": "command, git commit",
+    "reproduce_dkm_mnist_gamma128": "command, git commit",
+    "reproduce_dkm_wide": "command, git commit",
+    "reproduce_dkm_wide_long": "command, git commit",
+    "reproduce_invariance": "command, git commit",
+    "reproduce_tick": "command, git commit",
+    "robustness_sweep": "command, git commit",
+    "scan_convolutions": "command, git commit",
+    "shift_scale_sweep": "command, git commit",
+    "svgp_scaling": "command, date, git commit, current step description",
+}
+
+
+def _present_fields(record: dict) -> set[str]:
+    """The :data:`PROVENANCE_FIELDS` that ``record`` holds, under its ``"provenance"`` object or in
+    the layouts results were written in before it: settings as ``settings``, ``setting`` or a
+    ``protocol`` object; the date as ``date`` or ``created``; device (``devices`` or ``device``) and
+    versions (``jax``) in ``machine`` or ``environment``. The command and the git commit exist only
+    under ``"provenance"`` (an older top-level ``command`` is the command a benchmark timed)."""
+    prov = record.get("provenance") if isinstance(record.get("provenance"), dict) else {}
+    machines = [m for m in (prov.get("machine"), record.get("machine"), record.get("environment")) if isinstance(m, dict)]
+    settings = (prov.get("settings"), record.get("settings"), record.get("setting"), record.get("protocol"))
+    found = {
+        "command": bool(prov.get("command")),
+        "settings": any(isinstance(s, dict) and s for s in settings),
+        "device": any(m.get("devices") or m.get("device") for m in machines),
+        "versions": any(m.get("jax") for m in machines),
+        "date": bool(prov.get("date") or record.get("date") or record.get("created")),
+        "git commit": bool(prov.get("git_commit")),
+    }
+    return {field for field, ok in found.items() if ok}
+
+
+def missing_provenance(report) -> list[str]:
+    """The :data:`PROVENANCE_FIELDS` that ``report`` lacks, in that order; empty when it has them all.
+
+    A file of several experiments (``"experiments"``, as ``merge_results`` writes them) is judged
+    experiment by experiment, each the record of a run of its own; a field that some experiments
+    lack but not all is named with them, as in ``"versions (mnist01)"``.
+    """
+    if not isinstance(report, dict):
+        return list(PROVENANCE_FIELDS)
+    experiments = report.get("experiments")
+    if isinstance(experiments, dict) and experiments:
+        records = {name: block if isinstance(block, dict) else {} for name, block in experiments.items()}
+    else:
+        records = {"": report}
+    present = {name: _present_fields(record) for name, record in records.items()}
+    missing = []
+    for field in PROVENANCE_FIELDS:
+        without = [name for name, fields in present.items() if field not in fields]
+        if without:
+            missing.append(field if len(without) == len(records) else f"{field} ({', '.join(sorted(without))})")
+    return missing
+
+
+def script_of(path: Path, report) -> Path | None:
+    """The script that writes results file ``path``, looked up in the folder above the results
+    folder: the one its provenance's command names, else ``<stem>.py``, the script of the stem it
+    is an alias of, or the script its title names; None when there is none."""
+    import re  # noqa: PLC0415
+
+    scripts = path.resolve().parent.parent
+    records = [report] if isinstance(report, dict) else []
+    if records and isinstance(report.get("experiments"), dict):
+        records += [block for block in report["experiments"].values() if isinstance(block, dict)]
+    names = []
+    for record in records:
+        command = record.get("provenance", {}).get("command") if isinstance(record.get("provenance"), dict) else None
+        if isinstance(command, list) and command and str(command[0]).endswith(".py"):
+            names.append(Path(str(command[0])).name)
+    names += [f"{path.stem}.py", f"{ALIASES.get(path.stem, path.stem)}.py"]
+    names += re.findall(r"benchmarks/(\w+\.py)", TITLES.get(path.stem, ""))
+    return next((scripts / name for name in names if (scripts / name).is_file()), None)
+
+
+def declared_step(script: Path) -> str | None:
+    """The module-level ``STEP_DESCRIPTION`` string of ``script``, read from its source with ``ast``
+    (the script is not imported); None when it defines none. ``ValueError`` when it is not a
+    string literal."""
+    import ast  # noqa: PLC0415
+
+    declared = None
+    for node in ast.parse(script.read_text(encoding="utf-8"), filename=str(script)).body:
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        else:
+            continue
+        if any(isinstance(target, ast.Name) and target.id == "STEP_DESCRIPTION" for target in targets):
+            declared = ast.literal_eval(node.value)
+            if not isinstance(declared, str):
+                raise ValueError(f"STEP_DESCRIPTION of {script.name} is not a string")
+    return declared
+
+
+def stale_step(path: Path, report) -> str | None:
+    """Why the step description results file ``path`` records is not the ``STEP_DESCRIPTION`` its
+    script now declares; None when they are the same or the script declares none. A file of
+    several experiments records it at the top or in every experiment."""
+    script = script_of(path, report)
+    if script is None:
+        return None
+    shown = f"{script.parent.name}/{script.name}"
+    try:
+        declared = declared_step(script)
+    except (SyntaxError, ValueError) as exc:
+        return f"the STEP_DESCRIPTION of {shown} cannot be read ({exc})"
+    if declared is None:
+        return None
+    report = report if isinstance(report, dict) else {}
+    experiments = report.get("experiments")
+    if STEP_KEY not in report and isinstance(experiments, dict) and experiments:
+        recorded = [block.get(STEP_KEY) if isinstance(block, dict) else None for block in experiments.values()]
+    else:
+        recorded = [report.get(STEP_KEY)]
+    wrong = next((r for r in recorded if r != declared), declared)
+    if wrong == declared:
+        return None
+    if wrong is None:
+        older = f" (its description: {report['description']!r})" if isinstance(report.get("description"), str) else ""
+        return f"records no {STEP_KEY}{older}; {shown} now runs {declared!r}"
+    return f"records the step {wrong!r}; {shown} now runs {declared!r}"
+
+
+def provenance_gaps(path: Path, report) -> list[str]:
+    """What results file ``path`` lacks: :func:`missing_provenance`, and :data:`STALE_STEP` when its
+    script declares a ``STEP_DESCRIPTION`` that the file does not record (:func:`stale_step`)."""
+    return missing_provenance(report) + ([STALE_STEP] if stale_step(path, report) else [])
+
+
+def provenance_problems(results_dir: Path) -> tuple[list[str], list[str]]:
+    """``(errors, warnings)`` of ``--check`` for the results files in ``results_dir``, one line each.
+
+    Errors: a file that cannot be read, or lacks provenance, or records a step description its
+    script no longer runs, unless :data:`RECORDED_WITHOUT_PROVENANCE` lists it as lacking exactly
+    that; a listed file that now lacks something else or nothing; for the repository's own results
+    folder, a listed file that does not exist. Warnings: each listed file, with what it lacks.
+    """
+    listed = RECORDED_WITHOUT_PROVENANCE
+    errors, warnings, stems = [], [], set()
+    for path in sorted(results_dir.glob("*.json")):
+        stems.add(path.stem)
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            errors.append(f"{path.name}: cannot be read, so records no provenance ({type(exc).__name__}: {exc})")
+            continue
+        missing, stale = missing_provenance(report), stale_step(path, report)
+        gaps = ", ".join(missing + ([STALE_STEP] if stale else []))
+        detail = f" ({stale})" if stale else ""
+        if path.stem not in listed:
+            if missing:
+                errors.append(f"{path.name}: incomplete provenance: recorded without {', '.join(missing)}")
+            if stale:
+                errors.append(f"{path.name}: stale step description: {stale}")
+        elif not gaps:
+            errors.append(f"{path.name}: provenance now complete: remove {path.stem!r} from RECORDED_WITHOUT_PROVENANCE")
+        elif gaps != listed[path.stem]:
+            errors.append(f"{path.name}: recorded without {gaps}{detail}, but RECORDED_WITHOUT_PROVENANCE says "
+                          f"{listed[path.stem]!r}: write what it lacks now")
+        else:
+            warnings.append(f"warning: {path.name}: recorded without {gaps}{detail}; accepted as recorded before "
+                            "results carried their provenance, re-run to complete")
+    if results_dir.resolve() == RESULTS.resolve():
+        errors += [f"RECORDED_WITHOUT_PROVENANCE lists {stem!r}, which has no results file: remove it"
+                   for stem in sorted(set(listed) - stems)]
+    return errors, warnings
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--page", type=Path, default=PAGE, help="the Markdown page to update (default docs/results.md)")
     parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--check", action="store_true", help="exit 1 if the page's tables are out of date; write nothing")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 if the page's tables are out of date, or a results file lacks its provenance or records "
+                             "a step description its script no longer declares (RECORDED_WITHOUT_PROVENANCE: accepted, "
+                             "with a warning); write nothing")
     args = parser.parse_args(argv)
     text = args.page.read_text(encoding="utf-8")
     new = updated_page(text, render(args.results))
     if args.check:
+        errors, warnings = provenance_problems(args.results)
         if new != text:
-            print(f"{args.page}: the results tables are out of date; run benchmarks/summarise.py", file=sys.stderr)
-            return 1
-        return 0
+            errors.insert(0, f"{args.page}: the results tables are out of date; run benchmarks/summarise.py")
+        for line in warnings + errors:
+            print(line, file=sys.stderr)
+        return 1 if errors else 0
     if new != text:
         args.page.write_text(new, encoding="utf-8")
     return 0

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import time
@@ -50,7 +49,7 @@ from numpyro.optim import optax_to_numpyro
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from _common import machine_info  # noqa: E402
+from _common import machine_info, now, write_json  # noqa: E402
 from gpzoo.inference.fit import build_family  # noqa: E402
 from gpzoo.inference.inducing import initialise_inducing  # noqa: E402
 from gpzoo.models import zoo  # noqa: E402
@@ -61,6 +60,12 @@ LOSS_TOLERANCE = 1e-4  # relative |loss_gpzoo − loss_reference| at identical p
 LEARNING_RATE = 0.01
 LOG_2PI = math.log(2.0 * math.pi)
 WARMUP_CALLS = 3  # the first calls after compiling are still slow on this machine
+#: what one timed step runs, recorded in the JSON as ``step_description`` (summarise.py --check
+#: compares the two, so a result whose step the script no longer runs is reported stale)
+STEP_DESCRIPTION = ("one svi.update of svgp-rbf (gpzoo FastELBO: analytic KL, closed-form Gaussian expected log-likelihood; "
+                    "optax Adam 0.01; whitened full-rank q(u), Gaussian likelihood; minibatch gathered inside the scan) "
+                    "against a hand-written JAX value_and_grad + optax Adam step of the same negative ELBO, both as a "
+                    "jitted lax.scan of `steps` steps")
 
 FULL_GRID = {"N": (1_000, 10_000, 100_000), "M": (16, 64, 256), "D": (2, 16, 128)}
 QUICK_GRID = {"N": (1_000, 10_000), "M": (16, 64), "D": (2, 16)}
@@ -355,6 +360,8 @@ def main(argv=None) -> dict:
         "description": "seconds per SVI step (svi.update of svgp-rbf, gpzoo FastELBO, optax Adam, whitened "
                        "full-rank q(u), Gaussian likelihood) against a hand-written JAX value_and_grad + Adam step "
                        "of the same negative ELBO, both as a jitted lax.scan of `steps` steps",
+        "step_description": STEP_DESCRIPTION,
+        "date": now(),
         "machine": machine,
         "protocol": {
             "steps_per_scan": steps, "repeats": repeats, "warmup_calls": WARMUP_CALLS, "statistic": "median",
@@ -369,8 +376,7 @@ def main(argv=None) -> dict:
         "wall_s": time.perf_counter() - t0,
         "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     print(table(results))
     print(f"max ratio {report['max_ratio']:.2f} (threshold {THRESHOLD}); wrote {args.out}")
     return report
