@@ -20,14 +20,27 @@ the data term scaled N/B under minibatching.
 
 Choices the paper leaves open (ours, stated once here):
 
-* p(h_ℓ | h_ℓ−1, v_ℓ) keeps only the per-patch variances of Kff − Qff (the "marginals" of §4.1):
-  that is the model the bound is exact for. Between-patch correlations through q(u_ℓ) are kept;
-* :class:`~gpzoo.inference.elbo.FastELBO`'s data term draws one hidden path per image and step. It
-  draws v_ℓ for each image separately (h_nℓ = crop + A_nℓ v_nℓ + √(Kff − Qff) ε, costing a P·M
-  product per image, no P×P Cholesky) and takes the output layer's q(f_n | h_n,L−1) in closed form,
-  with the likelihood's own expectation (quadrature, or Monte Carlo for the softmax). The ELBO is a
-  sum of per-image terms, so per image this is exactly the distribution Trace_ELBO samples, and
-  the expectation is the same;
+* the kernel's ``sampling`` (zoo option ``hidden_sampling``) chooses how hidden outputs are drawn,
+  the two schemes of §4.1 and ours:
+
+  - ``"inducing"`` (the default): p(h_ℓ | h_ℓ−1, v_ℓ) keeps only the per-patch variances of
+    Kff − Qff, and that is the model the bound is exact for; between-patch correlations through
+    q(u_ℓ) are kept. :class:`~gpzoo.inference.elbo.FastELBO`'s data term draws v_ℓ for each image
+    separately (h_nℓ = crop + A_nℓ v_nℓ + √(Kff − Qff) ε, a P·M product per image, no P×P
+    Cholesky): per image exactly the distribution Trace_ELBO samples, so the expectation is the same;
+  - ``"marginal"``, the scheme the paper trains with: each patch and channel is drawn from its own
+    marginal of q(h_nℓ | h_n,ℓ−1), N(crop + A m, ‖A_p S‖² + (Kff − Qff)_pp), ignoring every
+    between-patch correlation; O(P·M²) per image and channel, no Cholesky. It estimates the data term
+    with a bias the paper measures as small (its fig. 10); the model, the KL and Trace_ELBO are
+    those of ``"inducing"``;
+  - ``"full"``, the paper's model for small images: p(h_ℓ | h_ℓ−1, v_ℓ) has the full covariance
+    (Kff − Qff) ⊗ I_C between the P patches, so both the model and the fast estimator (v per image plus
+    chol(Kff − Qff) ε, a P×P Cholesky per image, jitter as for Kuu) draw q(h_ℓ | h_ℓ−1) with every
+    between-patch covariance;
+
+* the fast data term draws one hidden path per image and step and takes the output layer's
+  q(f_n | h_n,L−1) in closed form, with the likelihood's own expectation (quadrature, or Monte Carlo
+  for the softmax);
 * hidden layers are always whitened; q(v_ℓ) starts at N(0, (:data:`HIDDEN_Q_SQRT_INIT`)² I), so
   training starts near the identity mean plus the prior's residual variance;
 * prediction and ``to_datatree`` average :data:`NUM_PREDICT_SAMPLES` hidden paths: class
@@ -160,13 +173,17 @@ class HiddenLayer:
     def posterior(self) -> InducingPosterior:
         return InducingPosterior(self.q_mu, self.q_sqrt, "full")  # event [C, M]
 
-    def moments(self, images):
-        """A ``[B, P, M]`` (rows Luu⁻¹ k_u(h^[p])), the identity mean ``[B, P, C]`` and diag(Kff − Qff) ``[B, P]``."""
-        _, Kfu, Kff = layer_covariances(images, self.kernel, self.inducing)  # [B, P, M], [B, P]
+    def moments(self, images, full_cov: bool = False):
+        """A ``[B, P, M]`` (rows Luu⁻¹ k_u(h^[p])), the identity mean ``[B, P, C]`` and diag(Kff − Qff) ``[B, P]``
+        (``full_cov``: Kff − Qff ``[B, P, P]``, between patches of one image)."""
+        _, Kfu, Kff = layer_covariances(images, self.kernel, self.inducing, full_cov=full_cov)  # [B, P, M], [B, P(, P)]
         B, P, M = Kfu.shape
         A = solve_triangular(self.Luu, Kfu.reshape(B * P, M).T, lower=True).T.reshape(B, P, M)  # [B, P, M]
+        mean = identity_mean(images, self.kernel.patch_shape, self.channels)  # [B, P, C]
+        if full_cov:
+            return A, mean, Kff - jnp.einsum("bpm,bqm->bpq", A, A)  # [B, P, P]
         residual = jnp.maximum(Kff - jnp.sum(A**2, axis=-1), MIN_CONDITIONAL_VARIANCE)  # [B, P]
-        return A, identity_mean(images, self.kernel.patch_shape, self.channels), residual
+        return A, mean, residual
 
     def as_images(self, values):
         """Layer outputs ``[B, P, C]`` (or rows ``[B, P·C]``) as the next layer's images ``[B, H', W', C]``."""
@@ -244,24 +261,49 @@ class DeepConvSVGP(SVGP):
 
     # ------------------------------------------------------------------ hidden layers
     def propagate(self, parts: DeepParts, X, key):
-        """One draw of h_L−1 per image ``[B, D_L−1]`` from q, v_ℓ drawn per image (module docstring)."""
+        """One draw of h_L−1 per image ``[B, D_L−1]`` from q, by the kernel's ``sampling`` scheme (class docstring)."""
         images = X.reshape((X.shape[0],) + image_dims(self.spec.kernel.image_shape))  # [B, H, W, C]
         for layer in parts.hidden:
             key, key_v, key_e = jax.random.split(key, 3)
-            A, mean, residual = layer.moments(images)  # [B, P, M], [B, P, C], [B, P]
-            eps_v = draws.normal(key_v, (A.shape[0],) + layer.q_mu.shape, A.dtype)  # [B, C, M]
-            v = layer.q_mu[None] + jnp.einsum("cij,bcj->bci", layer.q_sqrt, eps_v)  # [B, C, M]
-            eps = draws.normal(key_e, mean.shape, A.dtype)  # [B, P, C]
-            h = mean + jnp.einsum("bpm,bcm->bpc", A, v) + jnp.sqrt(residual)[..., None] * eps  # [B, P, C]
-            images = layer.as_images(h)  # [B, H', W', C]
+            images = layer.as_images(self.hidden_draw(layer, images, key_v, key_e))  # [B, H', W', C]
         return images.reshape(images.shape[0], -1)  # [B, D_L−1]
 
+    def hidden_draw(self, layer: HiddenLayer, images, key_v, key_e):
+        """One draw of a hidden layer's outputs ``[B, P, C]`` given its input images ``[B, H, W, C_in]``.
+
+        ``"inducing"``: v ~ q(v) per image, h = mean + A v + √diag(Kff − Qff) ε; ``"marginal"``: each
+        patch from its own marginal, h_pc = mean_pc + A_p m_c + √(‖A_p S_c‖² + (Kff − Qff)_pp) ε_pc;
+        ``"full"``: v per image and the residual with its full covariance, h = mean + A v + chol(Kff − Qff) ε
+        (jitter as the model's Kuu), which is q(h_ℓ | h_ℓ−1) with every between-patch covariance.
+        """
+        scheme = self.spec.kernel.sampling
+        A, mean, residual = layer.moments(images, full_cov=scheme == "full")  # [B, P, M], [B, P, C], [B, P(, P)]
+        eps = draws.normal(key_e, mean.shape, A.dtype)  # [B, P, C]
+        if scheme == "marginal":
+            AS = jnp.einsum("bpm,cmk->bpck", A, layer.q_sqrt)  # [B, P, C, M]
+            var = jnp.sum(AS * AS, axis=-1) + residual[..., None]  # [B, P, C]
+            return mean + jnp.einsum("bpm,cm->bpc", A, layer.q_mu) + jnp.sqrt(var) * eps
+        eps_v = draws.normal(key_v, (A.shape[0],) + layer.q_mu.shape, A.dtype)  # [B, C, M]
+        v = layer.q_mu[None] + jnp.einsum("cij,bcj->bci", layer.q_sqrt, eps_v)  # [B, C, M]
+        h = mean + jnp.einsum("bpm,bcm->bpc", A, v)  # [B, P, C]
+        if scheme == "full":
+            L, _ = cholesky_with_jitter(residual, self.spec.jitter)  # [B, P, P]
+            return h + jnp.einsum("bpq,bqc->bpc", L, eps)
+        return h + jnp.sqrt(residual)[..., None] * eps
+
     def _hidden_latent(self, layer: HiddenLayer, images, v) -> dist.Distribution:
-        """p(h_ℓ | h_ℓ−1, v_ℓ): independent Normals per patch and channel, batch ``[B]``, event ``[P·C]``."""
-        A, mean, residual = layer.moments(images)  # [B, P, M], [B, P, C], [B, P]
+        """p(h_ℓ | h_ℓ−1, v_ℓ), batch ``[B]``, event ``[P·C]`` (patch-major): independent Normals per patch
+        and channel with variances diag(Kff − Qff), or, for ``sampling="full"``, Normal with covariance
+        (Kff − Qff) ⊗ I_C (channels independent, every between-patch covariance kept)."""
+        full = self.spec.kernel.sampling == "full"
+        A, mean, residual = layer.moments(images, full_cov=full)  # [B, P, M], [B, P, C], [B, P(, P)]
         mean = mean + jnp.einsum("bpm,cm->bpc", A, v)  # [B, P, C]
-        scale = jnp.broadcast_to(jnp.sqrt(residual)[..., None], mean.shape)  # [B, P, C]
         B = mean.shape[0]
+        if full:
+            L, _ = cholesky_with_jitter(residual, self.spec.jitter)  # [B, P, P]
+            scale_tril = jax.vmap(lambda l: jnp.kron(l, jnp.eye(layer.channels, dtype=l.dtype)))(L)  # [B, P·C, P·C]
+            return dist.MultivariateNormal(mean.reshape(B, -1), scale_tril=scale_tril)
+        scale = jnp.broadcast_to(jnp.sqrt(residual)[..., None], mean.shape)  # [B, P, C]
         return dist.Normal(mean.reshape(B, -1), scale.reshape(B, -1)).to_event(1)
 
     def _hidden_sites(self, parts: DeepParts, X, v_hidden):

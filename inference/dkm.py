@@ -345,12 +345,16 @@ def gram_kl(G_chol, K_chol, K, form: str = "taylor_symmetric"):
 
     The Taylor forms (Milsom et al. 2024, §3.2, eq. 5-8) expand in the eigenvalues λ_i of G⁻¹K
     around 1: KL = ½ Σ_i (1/λ_i − 1 + log λ_i) = ¼ Σ_i (λ_i − 1)² + O((λ − 1)³). The paper's
-    eq. 5 drops the ½ of the Gaussian KL, so its eq. 8 reads ½‖G⁻¹K − I‖²_F; here both forms are in
-    KL units (the ¼), so they can be compared with the exact KL and share one ν.
+    eq. 6-7 expand the log-determinant and trace terms without the Gaussian KL's leading ½, so its
+    eq. 8 reads ½‖G⁻¹K − I‖²_F, twice the second-order term. ``"milsom_eq8"`` is that expression
+    literally (what the paper's ν multiplies); the other two Taylor forms are in KL units (the ¼),
+    so they can be compared with the exact KL and share one ν with it.
 
-    * ``"taylor_frobenius"`` — the paper's eq. 8: ¼‖G⁻¹K − I‖²_F (G⁻¹K by ``cho_solve`` on V).
-      ‖A − I‖²_F = Σ(λ_i − 1)² only when A = G⁻¹K is normal, i.e. when G and K commute;
-      otherwise it is larger (Schur's inequality), an extra penalty on non-commuting G.
+    * ``"milsom_eq8"`` — the paper's eq. 8 as printed: ½‖G⁻¹K − I‖²_F, twice ``"taylor_frobenius"``
+      (so the same ν weighs it twice as much as the KL it approximates).
+    * ``"taylor_frobenius"`` — eq. 8's Frobenius form in KL units: ¼‖G⁻¹K − I‖²_F (G⁻¹K by
+      ``cho_solve`` on V). ‖A − I‖²_F = Σ(λ_i − 1)² only when A = G⁻¹K is normal, i.e. when G and
+      K commute; otherwise it is larger (Schur's inequality), an extra penalty on non-commuting G.
     * ``"taylor_symmetric"`` (the default) — the true second-order term ¼‖V⁻¹ K V⁻ᵀ − I‖²_F:
       V⁻¹KV⁻ᵀ is symmetric with the eigenvalues of G⁻¹K, so this equals ¼ Σ(λ_i − 1)² exactly.
       Same cost (two triangular solves against V) and, like eq. 8, it only ever factorises and
@@ -366,8 +370,8 @@ def gram_kl(G_chol, K_chol, K, form: str = "taylor_symmetric"):
     25× and 1.0e3× for c = 1e1, 1e3, 1e5, while the symmetric form stays within 0.01 % of the
     exact KL: the excess of eq. 8 grows with cond(K) (the non-normality of G⁻¹K), not with the
     size of the perturbation, so with the paper's form ν acts as a much stronger, conditioning-
-    dependent penalty. The default here is ``"taylor_symmetric"``; ``"taylor_frobenius"``
-    reproduces the paper.
+    dependent penalty. The default here is ``"taylor_symmetric"``; ``"milsom_eq8"`` reproduces the
+    paper's objective.
     """
     P = K.shape[-1]
     eye = jnp.eye(P, dtype=K.dtype)
@@ -375,6 +379,8 @@ def gram_kl(G_chol, K_chol, K, form: str = "taylor_symmetric"):
         return _exact_kl(G_chol, K, jnp.linalg.cholesky(jax.lax.stop_gradient(K)) if K_chol is None else K_chol)
     if form == "taylor_frobenius":
         return _taylor_frobenius(G_chol, K)  # ¼‖D‖²_F, D = G⁻¹K − I
+    if form == "milsom_eq8":
+        return 2.0 * _taylor_frobenius(G_chol, K)  # ½‖D‖²_F, the paper's eq. 8 as printed
     if form == "taylor_symmetric":
         A = solve_triangular(G_chol, K, lower=True)  # [P, P] = V⁻¹K
         D = solve_triangular(G_chol, A.T, lower=True) - eye  # [P, P] = V⁻¹KV⁻ᵀ − I

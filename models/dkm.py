@@ -22,7 +22,7 @@ from gpzoo.models.kernels.gram import GRAM_KERNELS
 
 __all__ = ["DKMConfig", "GramLayerSpec", "KL_FORMS"]
 
-KL_FORMS = ("exact", "taylor_symmetric", "taylor_frobenius")
+KL_FORMS = ("exact", "taylor_symmetric", "taylor_frobenius", "milsom_eq8")
 
 
 @dataclasses.dataclass(frozen=True)

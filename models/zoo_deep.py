@@ -19,17 +19,21 @@ layer. Ours where its appendices (which we lack) would say (chosen, not the pape
 * hidden patch kernels: SE with lengthscale max(1, √E / 3) (as the conv models) and variance
   ``hidden_variance`` = 0.1 (the hidden outputs perturb pixel values in [0, 1]); the output layer's
   patch kernel as ``weighted-conv``'s (variance P under the "mean" normalisation);
-* ``location_lengthscale`` 0.5 for every TICK layer (as ``tick``).
+* ``location_lengthscale`` 0.5 for every TICK layer (as ``tick``);
+* ``hidden_sampling="inducing"`` by default: each image's hidden outputs drawn through its own draw of
+  the inducing outputs, an unbiased estimate of the bound; ``"marginal"`` is the per-patch scheme the
+  paper trains with, ``"full"`` keeps every between-patch covariance (§4.1; see
+  :mod:`gpzoo.inference.deep_conv`).
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from gpzoo.models import kernels
 from gpzoo.models.errors import InvalidArgumentError, ShapeError
 from gpzoo.models.kernels.convolutional import Convolutional, WeightedConvolutional, image_dims
-from gpzoo.models.kernels.deep_convolutional import DeepConvolutional, layer_output_shape
+from gpzoo.models.kernels.deep_convolutional import HIDDEN_SAMPLING, DeepConvolutional, layer_output_shape
 from gpzoo.models.kernels.tick import TICK
 from gpzoo.models.zoo_convolutional import NEEDS_IMAGES, BaseLengthscale, BaseVariance, checked_patch_shape, count_patches, \
     image_model_spec, patch_base_kernel
@@ -50,6 +54,9 @@ PatchSides = Annotated[tuple[int, ...] | None, "square patch side of each layer,
 HiddenInducing = Annotated[int | tuple[int, ...] | None, "inducing patches of each hidden layer (one value: all); none: num_inducing"]
 HiddenChannels = Annotated[int | tuple[int, ...] | None, "output channels of each hidden layer (one value: all); none: 1"]
 HiddenVariance = Annotated[float, "initial variance of the hidden layers' patch functions"]
+HiddenSampling = Annotated[Literal["inducing", "marginal", "full"],
+                           "how hidden outputs are drawn in the bound: per-image inducing draw, per-patch marginals "
+                           "(Dutordoir et al. 2020, §4.1), or the full between-patch covariance"]
 
 
 def _per_hidden(values, num_hidden: int, default: int, argument: str) -> tuple[int, ...]:
@@ -87,7 +94,8 @@ def layer_patch_shapes(image_shape, num_layers: int, patch_shape=None, patch_sid
 
 
 def build_deep_kernel(image_shape, *, tick: bool, num_layers: int, patch_shapes, hidden_inducing, hidden_channels,
-                      hidden_variance: float, location_lengthscale: float, lengthscale=None, variance=None) -> DeepConvolutional:
+                      hidden_variance: float, location_lengthscale: float, lengthscale=None, variance=None,
+                      hidden_sampling: str = "inducing") -> DeepConvolutional:
     """The :class:`DeepConvolutional` prior of ``deep-tick`` (``tick``) or ``deep-conv`` (module docstring)."""
     shape = image_dims(image_shape)
     layers = []
@@ -105,7 +113,8 @@ def build_deep_kernel(image_shape, *, tick: bool, num_layers: int, patch_shapes,
         output = TICK.create(base, shape, patch, location_lengthscale, weighted=True)
     else:
         output = WeightedConvolutional.create(base, shape, patch, channels="patch")
-    return DeepConvolutional(tuple(layers), output, channels=tuple(hidden_channels), num_inducing=tuple(hidden_inducing))
+    return DeepConvolutional(tuple(layers), output, channels=tuple(hidden_channels), num_inducing=tuple(hidden_inducing),
+                             sampling=hidden_sampling)
 
 
 def _register_deep(name, description, *, tick):
@@ -114,8 +123,11 @@ def _register_deep(name, description, *, tick):
               hidden_num_inducing: HiddenInducing = None, hidden_channels: HiddenChannels = None,
               hidden_variance: HiddenVariance = DEFAULT_HIDDEN_VARIANCE, lengthscale: BaseLengthscale = None,
               variance: BaseVariance = None,
-              location_lengthscale: LocationLengthscale = DEFAULT_LOCATION_LENGTHSCALE) -> ModelSpec:
+              location_lengthscale: LocationLengthscale = DEFAULT_LOCATION_LENGTHSCALE,
+              hidden_sampling: HiddenSampling = "inducing") -> ModelSpec:
         shape = common.required_image_shape(NEEDS_IMAGES)
+        if hidden_sampling not in HIDDEN_SAMPLING:
+            raise InvalidArgumentError("hidden_sampling", f"must be one of {HIDDEN_SAMPLING}, got {hidden_sampling!r}")
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers <= MAX_LAYERS:
             raise InvalidArgumentError("num_layers", f"must be an int from 1 to {MAX_LAYERS}, got {num_layers!r}")
         if not float(hidden_variance) > 0:
@@ -128,7 +140,8 @@ def _register_deep(name, description, *, tick):
         channels = _per_hidden(hidden_channels, num_hidden, 1, "hidden_channels")
         kernel = build_deep_kernel(shape, tick=tick, num_layers=num_layers, patch_shapes=patches, hidden_inducing=inducing,
                                    hidden_channels=channels, hidden_variance=hidden_variance,
-                                   location_lengthscale=float(location_lengthscale), lengthscale=lengthscale, variance=variance)
+                                   location_lengthscale=float(location_lengthscale), lengthscale=lengthscale, variance=variance,
+                                   hidden_sampling=hidden_sampling)
         spec = image_model_spec(common, name, kernel, shape, INDUCING_KIND, num_layers=num_layers, patch_shapes=patches,
                                 hidden_num_inducing=inducing, hidden_channels=channels)
         return spec.replace(method=METHOD)

@@ -19,8 +19,9 @@ Defaults: the paper's regularisers (§4.1: ν = 1e-3, SKR with γ = ceil(P_ℓ/4
 β = (0.8, 0.9) is ``gpzoo.fit``'s choice to make) and its normalised-Gaussian kernel for
 ``conv-dkm``; the arc-cosine (ReLU) kernel for ``dkm``, the NNGP of a ReLU network
 (a choice: the paper's fully connected experiments are in its predecessor). The KL form defaults
-to the symmetric second-order Taylor term (``"taylor_symmetric"``; the paper's eq. 8 is
-``"taylor_frobenius"``, see :func:`gpzoo.inference.dkm.gram_kl`). Depth 2 is a CPU-sized
+to the symmetric second-order Taylor term (``"taylor_symmetric"``; the paper's eq. 8 as printed,
+½‖G⁻¹K − I‖²_F, is ``"milsom_eq8"``, and ``"taylor_frobenius"`` is half of it, in KL units; see
+:func:`gpzoo.inference.dkm.gram_kl`). Depth 2 is a CPU-sized
 choice, not the paper's (its CIFAR-10 network has 20 layers): for ``conv-dkm`` a stride-1 layer
 and a stride-2 layer averaged with the input Gram (through a strided 1×1 mix-up); ``depth=4``
 gives two layers per stage with a skip around each pair.
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from gpzoo.models.dkm import DKMConfig, GramLayerSpec
+from gpzoo.models.dkm import KL_FORMS, DKMConfig, GramLayerSpec
 from gpzoo.models.errors import InvalidArgumentError, as_int_pair
 from gpzoo.models.zoo_core import Common, ModelSpec, register
 
@@ -40,7 +41,7 @@ Nu = Annotated[float, "ν, the weight of every Gram layer's KL term (eq. 2); lar
 Skr = Annotated[bool, "stochastic kernel regularisation: train on Wishart draws G̃ ~ W(G/γ, γ) + λI (eq. 4)"]
 SkrGamma = Annotated[int | None, "γ, the Wishart's degrees of freedom; none: ceil(P_ℓ/4)"]
 SkrJitter = Annotated[float, "λ, added to G̃ in training and to G at test time"]
-KlForm = Annotated[Literal["exact", "taylor_symmetric", "taylor_frobenius"],
+KlForm = Annotated[Literal["exact", "taylor_symmetric", "taylor_frobenius", "milsom_eq8"],
                    "KL(N(0,G) ‖ N(0,K)) of the Gram layers: exact, or a second-order Taylor form (§3.2)"]
 GramKernel = Annotated[Literal["arccos", "normalised_gaussian", "squared_exponential"], "kernel nonlinearity on Gram blocks"]
 FilterShape = Annotated[tuple[int, int], "conv mix-up filter (and input patch) height × width, odd, e.g. 3x3"]
@@ -61,7 +62,7 @@ def _widths(widths, default: tuple[int, ...], depth: int) -> tuple[int, ...]:
 
 def _regularisers(nu, skr, skr_gamma, skr_jitter, kl, kernel) -> dict:
     # ν, γ and λ are checked (and named) by DKMConfig itself
-    for name, value, allowed in (("kl", kl, ("exact", "taylor_symmetric", "taylor_frobenius")),
+    for name, value, allowed in (("kl", kl, KL_FORMS),
                                  ("kernel", kernel, ("arccos", "normalised_gaussian", "squared_exponential"))):
         if value not in allowed:
             raise InvalidArgumentError(name, f"must be one of {allowed}, got {value!r}")

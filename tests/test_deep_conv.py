@@ -161,6 +161,77 @@ def test_hidden_layer_without_variance_is_the_shallower_model_on_the_crop():
     np.testing.assert_allclose(b, a - kl_hidden, rtol=1e-6)
 
 
+# ----------------------------------------------------------------------------- hidden sampling schemes
+def _brute_force_patch_kff(images, base, patch):
+    """Kff between every pair of h×w patches of each image ``[N, P, P]``, patches cut out one by one."""
+    N, H, W = images.shape[:3]
+    rows = [images[:, i:i + patch[0], j:j + patch[1]].reshape(N, -1) for i in range(H - patch[0] + 1) for j in range(W - patch[1] + 1)]
+    patches = np.stack(rows, axis=1)  # [N, P, E]
+    return np.stack([np.asarray(base.K(jnp.asarray(p), jnp.asarray(p))) for p in patches])
+
+
+@pytest.mark.parametrize("scheme, precision", [("inducing", "float32"), ("marginal", "float64"), ("full", "float32"),
+                                               ("full", "float64")], indirect=["precision"])
+def test_hidden_sampling_schemes_draw_the_distributions_they_name(scheme, precision):
+    """Dutordoir et al. 2020, §4.1. Every scheme has mean crop + A m and per-patch variance ‖A_p S‖² + (Kff − Qff)_pp;
+    between patches, "inducing" has covariance A S Sᵀ Aᵀ, "marginal" none, "full" A S Sᵀ Aᵀ + (Kff − Qff) with Kff
+    brute-forced over explicit patches. 4,000 draws; every entry within 5.5 standard errors."""
+    family, params, X, _ = _deep_family("deep-conv", num_layers=2, hidden_channels=2, hidden_sampling=scheme)
+    dtype = jnp.float64 if precision == "float64" else jnp.float32
+    params = {k: jnp.asarray(v, dtype) for k, v in params.items()}
+    images = jnp.asarray(X[:2].reshape(2, *IMAGE, 1), dtype)
+    with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=0):
+        layer = family.prior_parts().hidden[0]
+    A, crop, residual = (np.asarray(a, np.float64) for a in layer.moments(images))  # [B, P, M], [B, P, C], [B, P]
+    q_mu, q_sqrt = np.asarray(layer.q_mu, np.float64), np.asarray(layer.q_sqrt, np.float64)
+    kff = _brute_force_patch_kff(np.asarray(images, np.float64), family.spec.kernel.layers[0].base_kernel.resolved(), (3, 3))
+    draw = jax.jit(jax.vmap(lambda k: family.hidden_draw(layer, images, *jax.random.split(k))))
+    samples = np.asarray(draw(jax.random.split(jax.random.PRNGKey(1), 4000)), np.float64)  # [S, B, P, C]
+    assert samples.dtype == np.float64 and draw(jax.random.split(jax.random.PRNGKey(1), 2)).dtype == dtype
+    P = A.shape[1]
+    for b in range(2):
+        np.testing.assert_allclose(np.diagonal(kff[b]), residual[b] + np.sum(A[b] ** 2, -1), rtol=1e-4)  # the same Kff diagonal
+        for c in range(2):
+            through_q = A[b] @ q_sqrt[c] @ q_sqrt[c].T @ A[b].T  # [P, P]
+            cov = {"inducing": through_q + np.diag(residual[b]), "marginal": np.diag(np.diag(through_q) + residual[b]),
+                   "full": through_q + kff[b] - A[b] @ A[b].T}[scheme]
+            x = samples[:, b, :, c]  # [S, P]
+            mean_se = np.sqrt(np.diag(cov) / len(x))
+            assert np.all(np.abs(x.mean(0) - (crop[b, :, c] + A[b] @ q_mu[c])) < 5.5 * mean_se + 1e-5)
+            cov_se = np.sqrt((np.outer(np.diag(cov), np.diag(cov)) + cov**2) / len(x))  # [P, P]
+            assert np.all(np.abs(np.cov(x.T) - cov) < 5.5 * cov_se + 1e-5), scheme
+            off = ~np.eye(P, dtype=bool)
+            assert np.max(np.abs(through_q[off]) / cov_se[off]) > 10  # the schemes are told apart
+
+
+def test_full_sampling_model_has_every_between_patch_covariance():
+    """With hidden_sampling="full" the model's p(h_1 | x, v) is Normal with covariance (Kff − Qff + jitter·I) ⊗ I_C
+    over the patch-major outputs, Kff brute-forced over explicit patches; "inducing" keeps its diagonal only."""
+    for scheme in ("full", "inducing"):
+        family, params, X, _ = _deep_family("deep-conv", num_layers=2, hidden_channels=2, hidden_sampling=scheme)
+        images = jnp.asarray(X[:2].reshape(2, *IMAGE, 1))
+        with numpyro.handlers.substitute(data=params), numpyro.handlers.seed(rng_seed=0):
+            layer = family.prior_parts().hidden[0]
+            latent = family._hidden_latent(layer, images, params["hidden.1.q_mu"])
+        A = np.asarray(layer.moments(images)[0])
+        kff = _brute_force_patch_kff(np.asarray(images), family.spec.kernel.layers[0].base_kernel.resolved(), (3, 3))
+        for b in range(2):
+            R = kff[b] - A[b] @ A[b].T
+            jitter = family.spec.jitter * np.eye(len(R))  # the factorisation's, as for Kuu
+            expected = np.kron(R + jitter, np.eye(2)) if scheme == "full" else np.kron(np.diag(np.diag(R)), np.eye(2))
+            got = np.asarray(latent.covariance_matrix[b]) if scheme == "full" else np.diag(np.asarray(latent.base_dist.scale[b]) ** 2)
+            np.testing.assert_allclose(got, expected, atol=1e-5 * np.max(np.abs(R)))
+
+
+@pytest.mark.parametrize("scheme", ["marginal", "full"])
+def test_each_hidden_sampling_scheme_fits_and_predicts(scheme):
+    X, y = _data()
+    res = fit(_spec("deep-tick", num_layers=2, hidden_sampling=scheme), X, y, steps=5, progress=False)
+    assert res.spec.kernel.sampling == scheme and np.all(np.isfinite(res.objective_history))
+    probs = np.asarray(__import__("gpzoo").inference.predict(res, X[:4]).probs)
+    assert probs.shape[0] == 4 and np.all((probs >= 0) & (probs <= 1))
+
+
 # ----------------------------------------------------------------------------- options and errors
 def test_default_patches_are_clipped_to_fit_and_layers_chain():
     """Default 5×5 patches on 6×6 images through two layers become 3×3 (6 → 4 → 2); on 28×28 they stay
@@ -178,6 +249,7 @@ def test_default_patches_are_clipped_to_fit_and_layers_chain():
     ({"num_layers": 3, "hidden_channels": (1, 2, 3)}, "hidden_channels"),
     ({"num_layers": 2, "patch_sides": (3,)}, "patch_sides"),
     ({"num_layers": 2, "hidden_variance": 0.0}, "hidden_variance"),
+    ({"num_layers": 2, "hidden_sampling": "patches"}, "hidden_sampling"),
 ])
 def test_bad_options_raise_typed_errors_naming_them(options, argument):
     with pytest.raises(InvalidArgumentError) as info:

@@ -269,6 +269,45 @@ def test_frobenius_form_equals_symmetric_when_G_and_K_commute():
     assert float(gram_kl(V2, L, K, "taylor_frobenius")) > 1.01 * float(gram_kl(V2, L, K, "taylor_symmetric"))
 
 
+@pytest.mark.parametrize("dtype, rtol", [(jnp.float64, 1e-10), (jnp.float32, 2e-4)])
+def test_milsom_eq8_is_the_papers_expression_literally(dtype, rtol):
+    """Milsom et al. 2024, eq. 8: ½‖G⁻¹K − I‖²_F, computed naively (an explicit inverse of G); twice
+    the KL-unit Frobenius form; and twice the symmetric second-order term when G and K commute."""
+    rng = np.random.default_rng(11)
+    P = 9
+    K = np.asarray(_kernel_with_condition(rng, P, 1e2))
+    G = _joint_gram(rng, P, dim=30) + 0.5 * np.eye(P)  # generic: does not commute with K
+    naive = 0.5 * np.sum((np.linalg.inv(G) @ K - np.eye(P)) ** 2)
+    K_, V = jnp.asarray(K, dtype), jnp.linalg.cholesky(jnp.asarray(G, dtype))
+    eq8 = gram_kl(V, None, K_, "milsom_eq8")
+    assert eq8.dtype == dtype
+    np.testing.assert_allclose(float(eq8), naive, rtol=rtol)
+    np.testing.assert_allclose(float(eq8), 2 * float(gram_kl(V, None, K_, "taylor_frobenius")), rtol=rtol)
+    Q, _ = np.linalg.qr(rng.normal(size=(P, P)))
+    Kc = jnp.asarray(Q @ np.diag(rng.uniform(0.5, 2.0, P)) @ Q.T, dtype)
+    Vc = jnp.linalg.cholesky(jnp.asarray(Q @ np.diag(rng.uniform(0.5, 2.0, P)) @ Q.T, dtype))  # same eigenvectors
+    np.testing.assert_allclose(float(gram_kl(Vc, None, Kc, "milsom_eq8")),
+                               2 * float(gram_kl(Vc, None, Kc, "taylor_symmetric")), rtol=10 * rtol)
+    # the gradient in V's free entries and in K equals autodiff of the naive expression
+    raw = raw_from_chol(jnp.linalg.cholesky(jnp.asarray(G)))
+    naive_fn = lambda r, k: 0.5 * jnp.sum((jnp.linalg.solve(chol_factor(r) @ chol_factor(r).T, k) - jnp.eye(P)) ** 2)  # noqa: E731
+    ours = jax.grad(lambda r, k: gram_kl(chol_factor(r), None, k, "milsom_eq8"), argnums=(0, 1))(raw, jnp.asarray(K))
+    reference = jax.grad(naive_fn, argnums=(0, 1))(raw, jnp.asarray(K))
+    for a, b in zip(ours, reference):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-7, atol=1e-9)
+
+
+def test_every_kl_form_is_accepted_by_the_zoo_and_an_unknown_one_is_refused():
+    from gpzoo.models.dkm import KL_FORMS
+    from gpzoo.models.errors import InvalidArgumentError
+    from gpzoo.models.zoo_dkm import _regularisers
+
+    for form in KL_FORMS:
+        assert _regularisers(1e-3, True, None, 0.1, form, "arccos")["kl"] == form
+    with pytest.raises(InvalidArgumentError, match="kl"):
+        _regularisers(1e-3, True, None, 0.1, "eq8", "arccos")
+
+
 # --------------------------------------------------------------------------- whole DKMs
 
 

@@ -1,12 +1,15 @@
 """The deep-kernel-machine benchmark scripts still run against the library (tiny settings).
 
-Everything here is ``-m benchmark`` (each run costs tens of seconds even at tiny settings): the
-quick §4.2 toy grid, the conv ablation (3 configurations) and the step timing.
+The runs are ``-m benchmark`` (each costs tens of seconds even at tiny settings): the quick §4.2
+toy grid, the conv ablation (Table 3's seven rows) and the step timing. The ablation rows'
+configurations and the goal-line rule are checked without running anything.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -33,10 +36,66 @@ def test_sine_toy_records_a_condition_trace_per_run(tmp_path):
 
 @pytest.mark.benchmark
 def test_conv_ablation_quick(tmp_path):
+    module = _load("reproduce_dkm")
     report = _report("reproduce_dkm", ["--quick", "--depth", "2", "--width", "4"], tmp_path)
-    assert [r["config"] for r in report["runs"]] == ["full", "no_skr", "no_taylor"]
+    assert [r["config"] for r in report["runs"]] == list(module.CONFIGS)
     for r in report["runs"]:
         assert r["failed"] or 0.0 <= r["test_accuracy"] <= 1.0
+        assert r["settings"] == module.row_settings(r["config"], argparse.Namespace(**report["settings"]))
+    assert report["settings"]["n_test"] == 360 and "goal_unjudged" in report["summary"]  # 5 steps: at chance
+
+
+def _paper_args(**overrides):
+    return argparse.Namespace(**({"taylor_form": "milsom_eq8", "nu": 1e-3, "skr_gamma": None, "steps": 1200,
+                                  "optimizer": "paper"} | overrides))
+
+
+def test_each_ablation_row_runs_what_the_paper_names_it():
+    """Milsom et al. 2024, Table 3: the row's SKR switch, jitter λ, KL form, ν and schedule."""
+    rows = {name: _load("reproduce_dkm").row_settings(name, _paper_args()) for name in _load("reproduce_dkm").CONFIGS}
+    full = rows["full"]
+    assert (full["skr"], full["skr_jitter"], full["kl"], full["nu"], full["steps"]) == (True, 0.1, "milsom_eq8", 1e-3, 1200)
+    assert full["lr_drop_fractions"] == [800 / 1200, 1100 / 1200]
+    expected_changes = {"no_taylor": {"kl": "exact"}, "no_skr": {"skr": False, "skr_jitter": 0.0},
+                        "no_taylor_no_skr": {"kl": "exact", "skr": False, "skr_jitter": 0.0},
+                        "no_skr_keep_jitter": {"skr": False}, "nu0": {"nu": 0.0},
+                        "short_schedule": {"schedule": "short", "steps": 200, "lr_drop_fractions": [0.8, 0.9]}}
+    for name, changes in expected_changes.items():
+        differing = {k: v for k, v in rows[name].items() if full[k] != v}
+        assert differing == changes, name
+    assert _load("reproduce_dkm").row_settings("full", _paper_args(optimizer="constant"))["lr_drop_fractions"] == []
+
+
+def test_the_recorded_ablation_ran_each_row_as_named():
+    """The committed Table 3 run: every run's recorded settings are its row's, at the file's settings."""
+    module = _load("reproduce_dkm")
+    report = json.loads((Path(module.__file__).parent / "results" / "reproduce_dkm.json").read_text())
+    assert {r["config"] for r in report["runs"]} == set(module.CONFIGS) and len(report["settings"]["seeds"]) >= 3
+    for r in report["runs"]:
+        assert r["settings"] == module.row_settings(r["config"], argparse.Namespace(**report["settings"])), r["config"]
+
+
+def _stats(accuracy, gap=0.02, nll=0.5):
+    return {"runs": 3, "failures": 0, "test_accuracy": {"mean": accuracy, "sem": 0.01}, "gap": {"mean": gap, "sem": 0.01},
+            "train_accuracy": {"mean": accuracy + gap, "sem": 0.01}, "test_nll": {"mean": nll, "sem": 0.01}}
+
+
+@pytest.mark.parametrize("full_accuracy, judged", [(0.104, False), (0.80, True)])
+def test_a_goal_line_is_printed_only_when_both_sides_are_above_chance(full_accuracy, judged):
+    """10.4 % on 360 points of 10 classes is chance: the line says why it cannot be judged instead of a yes."""
+    summary = {"full": _stats(full_accuracy, gap=0.001), "no_skr": _stats(0.81, gap=0.05)}
+    report = {"summary": summary, "runs": [{"config": "full"}, {"config": "no_skr"}], "settings": {
+        "data": "digits-8x8 (1437 train / 360 test, 10 classes)", "depth": 2, "width": 16, "batch_size": 64, "nu": 1e-3,
+        "steps": 300, "seeds": [0, 1, 2], "configs": ["full", "no_skr"]}}
+    text = "\n".join(_load("summarise").FORMATTERS["reproduce_dkm"](report))
+    assert ("cannot be judged" in text) is not judged and ("SKR gap smaller **yes**" in text) is judged
+    if not judged:
+        assert "full is at chance (10.4 %" in text
+    module = _load("reproduce_dkm")
+    runs = [{"config": name, "seed": seed, "failed": False, "test_accuracy": acc, "test_nll": 0.5, "train_accuracy": acc,
+             "gap": 0.0} for name, acc in (("full", full_accuracy), ("no_skr", 0.81)) for seed in range(3)]
+    assert ("goal_unjudged" in module.summarise(runs, 360)) is not judged
+    assert ("goal_skr_gap_smaller" in module.summarise(runs, 360)) is judged
 
 
 @pytest.mark.benchmark

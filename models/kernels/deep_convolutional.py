@@ -19,7 +19,13 @@ from gpzoo.models.kernels.base import Kernel, kernel_class, static
 from gpzoo.models.kernels.convolutional import Convolutional, ConvolutionalKernel, image_dims
 from gpzoo.models.kernels.tick import TICK, output_grid
 
-__all__ = ["DeepConvolutional", "layer_output_shape"]
+__all__ = ["DeepConvolutional", "HIDDEN_SAMPLING", "layer_output_shape"]
+
+#: How a hidden layer's outputs are drawn when the bound is estimated (Dutordoir et al. 2020, §4.1):
+#: ``"inducing"`` draws v_ℓ ~ q(v_ℓ) per image and the residual per patch; ``"marginal"`` draws each
+#: patch from its own marginal of q(h_ℓ | h_ℓ−1) (no between-patch correlation; the paper's training
+#: scheme); ``"full"`` draws from q(h_ℓ | h_ℓ−1) with its full P×P covariance (a Cholesky per image).
+HIDDEN_SAMPLING = ("inducing", "marginal", "full")
 
 NO_COVARIANCE = "a deep GP has no closed-form covariance; fit it with gpzoo.fit (method 'deep-svgp')"
 
@@ -40,12 +46,15 @@ class DeepConvolutional(Kernel):
     ``num_inducing`` ``[L−1]``: inducing patches of each hidden layer (the size of the approximation,
     kept with the layer structure so the inducing initialiser can read it). ``output``: the
     single-output convolutional or TICK kernel on the last hidden image (or on the input, L = 1).
+    ``sampling``: how hidden outputs are drawn when the bound is estimated, one of
+    :data:`HIDDEN_SAMPLING` (see :class:`gpzoo.inference.deep_conv.DeepConvSVGP`).
     """
 
     layers: tuple
     output: Kernel
     channels: tuple = static(())
     num_inducing: tuple = static(())
+    sampling: str = static("inducing")
 
     def __post_init__(self):
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -56,6 +65,8 @@ class DeepConvolutional(Kernel):
         if len(self.channels) != len(self.layers) or len(self.num_inducing) != len(self.layers):
             raise ShapeError("channels", f"expected one channel count and one inducing size per hidden layer ({len(self.layers)}), "
                                          f"got channels {self.channels} and num_inducing {self.num_inducing}")
+        if self.sampling not in HIDDEN_SAMPLING:
+            raise InvalidArgumentError("sampling", f"must be one of {HIDDEN_SAMPLING}, got {self.sampling!r}")
         if any(c < 1 for c in self.channels):
             raise InvalidArgumentError("channels", f"every hidden layer needs at least one channel, got {self.channels}")
         if any(m < 1 for m in self.num_inducing):
