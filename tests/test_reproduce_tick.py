@@ -33,14 +33,16 @@ def test_reproduce_tick_and_step_benchmark_quick(tmp_path):
     tick = _load("reproduce_tick")
     out = tmp_path / "tick.json"
     tick.main(["--quick", "--experiment", "e2", "--models", "tick", "--out", str(out)])
-    tick.main(["--quick", "--experiment", "e3", "--models", "deep-tick/3", "--out", str(out)])  # a timing run: no ELBO, no prediction
+    tick.main(["--quick", "--experiment", "e3", "--models", "deep-tick/3", "--out", str(out)])  # 3 layers, marginal sampling
     report = json.loads(out.read_text())["experiments"]
     assert set(report) == {"e2", "e3"} and report["e2"]["settings"]["conv_indistinguishable"]
     record = report["e2"]["models"]["tick"]
     for key in ("steps", "s_per_step", "elbo", "elbo_stderr", "top1_error", "top2_error", "nll", "nll_misclassified"):
         assert key in record, key
     assert set(record["location_lengthscales"]) == {"kernel.location_lengthscale"}
-    assert report["e3"]["models"]["deep-tick/3"]["timing_only"] and report["e3"]["settings"]["reduced"]
+    e3 = report["e3"]
+    assert "top1_error" in e3["models"]["deep-tick/3"] and e3["settings"]["reduced"]
+    assert (e3["settings"]["hidden_sampling"], e3["settings"]["hidden_channels"]) == ("marginal", 4)
 
     step = _load("deep_conv_step")
     out = tmp_path / "step.json"
