@@ -235,6 +235,7 @@ def main(argv=None) -> dict:
               "settings": {"svgp-rbf": SVGP, "conv": CONV, "main_job": ["gpzoo", *MAIN_JOB]}}
     if set(parts) != set(PARTS) and args.out.is_file():  # a part rerun: the other parts' records are kept
         kept = json.loads(args.out.read_text())
+        kept.pop("provenance", None)  # the earlier run's: write_json records this run's
         result = {**kept, **{k: v for k, v in result.items() if k not in ("created",)}}
         result["rerun"] = {"parts": parts, "created": now()}
     if "repeated" in parts:

@@ -63,7 +63,6 @@ on this 2-core machine and kept spinning afterwards, slowing the exp anchor meas
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
@@ -88,6 +87,8 @@ from gpzoo.inference.fit import build_family  # noqa: E402
 from gpzoo.inference.inducing import initialise_inducing  # noqa: E402
 from gpzoo.models import zoo  # noqa: E402
 from gpzoo.models.kernels.convolutional import _cross_rows, _se_plan  # noqa: E402
+
+from _common import write_json  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 DTYPE = jnp.float32
@@ -355,10 +356,7 @@ def main(argv=None):
         "timings": timings,
         "seconds_total": time.perf_counter() - t0,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2))
-    tmp.replace(out)
+    write_json(out, report)
 
     print(f"{args.config}: B={B} P={P} M={M} E={E} float32; load {load_before[0]:.1f} -> {report['machine']['loadavg_after'][0]:.1f}")
     print(f"{'case':<24}{'wall ms':>10}{'cpu ms':>10}")

@@ -479,8 +479,9 @@ def _main(argv=None) -> dict:
         return result
     if bool(args.reference_python) != bool(args.reference_repo):
         parser.error("--reference-python and --reference-repo go together")
-    report = {"benchmark": "dkm_step", "date": now(), "machine": machine_info(), "repeats": args.repeats,
-              "steps_per_repeat": args.steps, "configs": {}}
+    report = {"benchmark": "dkm_step", "date": now(), "machine": machine_info(),
+              "settings": {k: v for k, v in vars(args).items() if k not in ("out", "rss_probe")},
+              "repeats": args.repeats, "steps_per_repeat": args.steps, "configs": {}}
     for name in args.configs:
         report["configs"][name] = measure(name, args)
         report["machine"]["load_average_end"] = list(__import__("os").getloadavg())

@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -423,9 +422,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args.worker, args.job, args.cpus)
+    # the driver only: a worker may run in the GPflow environment, which has no JAX
+    from _common import machine_info, now, write_json  # noqa: PLC0415
+
     if args.quick:
         args.steps, args.timed, args.warmup, args.chunk = 8, 4, 2, 2
     args.timed = min(args.timed, args.steps - args.warmup)
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "worker", "job", "cpus")}
 
     t0 = time.perf_counter()
     if args.no_gpflow:
@@ -435,8 +438,8 @@ def main(argv=None):
         if gpflow_python is None:
             print(f"GPflow skipped: {args.gpflow_reason}")
     load_before = os.getloadavg()
-    report = {"machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
-                          "loadavg_before": load_before},
+    report = {"date": now(), "settings": settings,
+              "machine": {**machine_info(), "loadavg_before": load_before},
               "protocol": ("each framework in its own subprocess, interleaved in rounds of --chunk steps; median wall "
                            "seconds per compiled training step after --warmup steps; test error / NLPP after --steps "
                            "steps; peak RSS of each process"),
@@ -454,10 +457,7 @@ def main(argv=None):
             print(line, flush=True)
     report["machine"]["loadavg_after"] = os.getloadavg()
     report["seconds_total"] = time.perf_counter() - t0
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = args.out.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(report, indent=2))
-    tmp_out.replace(args.out)
+    write_json(args.out, report)
     return report
 
 

@@ -20,6 +20,8 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
+from _common import machine_info, now, write_json  # noqa: E402
+
 from gpzoo.analysis import datasets  # noqa: E402
 from gpzoo.inference import evaluate_elbo, fit, predict  # noqa: E402
 from gpzoo.models import zoo  # noqa: E402
@@ -43,7 +45,8 @@ def run_one(name: str, data, seed: int) -> dict:
 
 
 def main() -> dict:
-    results = {"settings": {**SETTINGS, "num_inducing": NUM_INDUCING, "steps": STEPS, "learning_rate": LEARNING_RATE,
+    results = {"date": now(), "machine": machine_info(),
+               "settings": {**SETTINGS, "num_inducing": NUM_INDUCING, "steps": STEPS, "learning_rate": LEARNING_RATE,
                             "regions": list(REGIONS), "optimizer": "adam, full batch", "dtype": "float64", "seeds": list(SEEDS)},
                "runs": {}}
     for region in REGIONS:
@@ -56,8 +59,7 @@ def main() -> dict:
         f"{region} / {name}": {key: float(np.mean([r[key] for r in runs])) for key in ("elbo", "train_rmse", "test_rmse", "fit_seconds")}
         for region, models in results["runs"].items() for name, runs in models.items()
     }
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(results, indent=2))
+    write_json(OUT, results)
     return results
 
 

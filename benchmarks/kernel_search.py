@@ -90,7 +90,7 @@ def main() -> None:
     args = parser.parse_args()
     totals = compile_seconds()
     for name in [s.strip() for s in args.series.split(",") if s.strip()]:
-        payload = {"date": now(), "machine": machine_info(), "load_at_start": os.getloadavg()[0],
+        payload = {"date": now(), "machine": machine_info(), "load_at_start": os.getloadavg()[0], "settings": vars(args).copy(),
                    **run_series(name, args.depth, args.restarts, args.steps, totals, args.continue_parents)}
         merge_results(OUT, name, payload)
         rows = payload["rows"]

@@ -17,7 +17,6 @@ Writes ``benchmarks/results/polya_gamma_throughput.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
@@ -32,6 +31,8 @@ import numpy as np  # noqa: E402
 import polyagamma  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+
+from _common import now, write_json  # noqa: E402
 
 from gpzoo.inference.polya_gamma import PolyaGamma  # noqa: E402
 
@@ -99,6 +100,8 @@ def main(argv=None) -> dict:
     cases = [measure(c, args.draws, args.repeats, args.seed) for c in C_VALUES]
     report = {
         "benchmark": "polya_gamma_throughput",
+        "date": now(),
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "description": "PG(1, c) draws per second, jit-compiled PolyaGamma.sample vs polyagamma.random_polyagamma",
         "num_draws": args.draws,
         "repeats": args.repeats,
@@ -117,10 +120,7 @@ def main(argv=None) -> dict:
             "device": str(jax.devices()[0]),
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2))
-    tmp.replace(args.out)
+    write_json(args.out, report)
     for case in cases:
         print(
             f"c={case['c']:>4}: ours {case['ours_draws_per_s'] / 1e6:6.2f} M/s, polyagamma "

@@ -71,6 +71,7 @@ def main(argv=None) -> dict:
         "created": now(),
         "machine": machine_info(),
         "command": ["gpzoo", *MAIN_JOB, *args.extra],
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "protocol": "fresh process per repeat; phases timed by the CLI; ratio = report_s / fit_s within a run "
                     "(wall time; the goal), cpu_ratio = the same for the process's CPU time (all threads)",
         "goal_ratio": GOAL,

@@ -419,9 +419,11 @@ def merge_reports(old: dict, new: dict, models: list[str], steps: int, num_induc
 
     Models of ``old`` not in ``models`` keep their records; ``not_run`` loses the models now run;
     a step count other than ``old``'s protocol or an M override is recorded per model with its reason. The date
-    becomes the merge's, the machine and the run time of each part are kept under ``merged_runs``.
+    becomes the merge's, the machine and the run time of each part are kept under ``merged_runs``;
+    ``old``'s ``"provenance"`` is dropped, so the file records the merge's.
     """
     merged = json.loads(json.dumps(old))
+    merged.pop("provenance", None)  # the earlier run's: write_json records the merge's
     protocol = merged["protocol"]
     for key in ("data", "seeds", "elbo_samples"):
         if protocol[key] != new["protocol"][key]:

@@ -6,7 +6,23 @@ a function ``dict -> list of Markdown lines``); a file without one gets a generi
 top-level numbers, so a new benchmark shows up before anyone writes its formatter. The section
 between ``<!-- results:begin -->`` and ``<!-- results:end -->`` is replaced; the output depends
 only on the JSON contents (dates are the ones recorded in the files), so running it twice changes
-nothing. ``--check`` exits 1 when the page is out of date (a test runs it).
+nothing.
+
+``--check`` writes nothing and exits 1 when any of these fails (a test runs it):
+
+* the page is up to date: rendering the results files again would not change it;
+* every results file records how it was made (:data:`PROVENANCE_FIELDS`: the command, the
+  settings, the device, the library versions, the date and the git commit), as
+  ``benchmarks/_common.write_json`` records them under ``"provenance"`` or in the layouts older
+  files used; a file of several experiments is checked experiment by experiment;
+* a file whose script declares a ``STEP_DESCRIPTION`` (read from the script's source, which is
+  not imported) records that same description as its ``step_description``: a file timed with a
+  step its script no longer runs is stale;
+* the files recorded before results carried their provenance are listed in
+  :data:`RECORDED_WITHOUT_PROVENANCE` with what each lacks. Each is accepted with a warning, and
+  marked on the page, while it lacks exactly what is listed; the check fails when a listed file
+  lacks something else, lacks nothing (a re-run completed it: remove it from the list) or no
+  longer exists. So the list may only shrink.
 
     .venv/bin/python benchmarks/summarise.py            # rewrite docs/results.md
     .venv/bin/python benchmarks/summarise.py --check    # CI-style check

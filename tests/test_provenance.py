@@ -3,11 +3,13 @@
 ``write_json`` adds the provenance (command, date, git commit, machine) to a report that has none;
 ``--check`` fails on a results file without it, or whose recorded step description is not the
 ``STEP_DESCRIPTION`` its script now declares, and accepts the files listed in
-``RECORDED_WITHOUT_PROVENANCE`` only while they lack exactly what is written there.
+``RECORDED_WITHOUT_PROVENANCE`` only while they lack exactly what is written there. The benchmark
+scripts run here with their measurements stubbed out, so what is checked is what a re-run writes.
 """
 
 from __future__ import annotations
 
+import collections
 import datetime
 import importlib.util
 import json
@@ -258,3 +260,144 @@ def test_a_rerun_of_svgp_scaling_records_complete_provenance(tmp_path, monkeypat
         assert summarise.missing_provenance(report) == []
         assert summarise.provenance_problems(out.parent) == ([], [])
     assert summarise.stale_step(out, report) is None
+
+
+# ----------------------------------------------------------------------------- the scripts record it
+# Each script runs with its measurement stubbed out: what is checked is what it writes, not what it measures.
+def _script(monkeypatch, name: str, *argv: str):
+    """Benchmark script ``name``, loaded as a module, with ``sys.argv`` as a run of it with ``argv`` would have it."""
+    monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / f"{name}.py"), *argv])
+    return _load(name)
+
+
+def _written_with_provenance(out: Path, returned: dict, name: str) -> dict:
+    """The report at ``out``: the one the script returned, with this run's provenance (its command
+    the script's, relative to the repository) and every field ``--check`` asks for."""
+    written = json.loads(out.read_text())
+    assert written == json.loads(json.dumps(returned))
+    assert written["provenance"]["command"][0] == f"benchmarks/{name}.py"
+    summarise = _load("summarise")
+    recorded_commit = written["provenance"]["git_commit"] is not None  # a checkout without git cannot record it
+    assert summarise.missing_provenance(written) == ([] if recorded_commit else ["git commit"])
+    return written
+
+
+def test_conv_kernels_writes_through_write_json(tmp_path, monkeypatch):
+    conv_kernels = _script(monkeypatch, "conv_kernels", "--quick")
+    names = ("exp", "matmul", "elbo_step", "elbo_step_autodiff_kuf", "kff_checkpoint", "kff_fused", "kuf_matmul",
+             "kuf_conv", "kuf_matmul_grad", "kuf_conv_grad", "kuf_fused_grad")
+    setting = {"B": 2, "P": 4, "M": 3, "E": 9, "matmul_n": 8, "located_patches": False}
+    monkeypatch.setattr(conv_kernels, "build_cases", lambda *args, **kwargs: ({}, {"kff": True}, {}, setting))
+    monkeypatch.setattr(conv_kernels, "measure", lambda cases, repeats: {n: {"wall_s": 1e-3, "cpu_s": 1e-3} for n in names})
+    out = tmp_path / "conv_kernels.json"
+    report = conv_kernels.main(["--quick", "--out", str(out)])
+    written = _written_with_provenance(out, report, "conv_kernels")
+    assert written["setting"] == setting and written["agreement"] == {"kff": True}
+
+
+def test_gpflow_side_by_side_records_its_settings_machine_and_date(tmp_path, monkeypatch):
+    gpflow_side_by_side = _script(monkeypatch, "gpflow_side_by_side", "--quick", "--no-gpflow")
+    result = {"gpzoo": {"median_step_s": 1e-3, "test_error": 0.5}, "gpflow": {"skipped": True, "reason": "--no-gpflow"}}
+    monkeypatch.setattr(gpflow_side_by_side, "run_config", lambda name, args, python, directory: dict(result))
+    out = tmp_path / "gpflow_side_by_side.json"
+    report = gpflow_side_by_side.main(["--quick", "--no-gpflow", "--configs", "rectangles", "--out", str(out)])
+    written = _written_with_provenance(out, report, "gpflow_side_by_side")
+    assert written["settings"] == {"configs": "rectangles", "steps": 8, "timed": 4, "warmup": 2, "chunk": 2, "seed": 0,
+                                   "no_install": False, "no_gpflow": True, "quick": True}  # as run, after --quick
+    assert written["machine"]["devices"] and written["machine"]["jax"] and written["machine"]["loadavg_after"]
+    assert written["results"] == {"rectangles": result}
+
+
+def test_invariance_toy_records_its_machine_and_date(tmp_path, monkeypatch):
+    invariance_toy = _script(monkeypatch, "invariance_toy")
+    out = tmp_path / "invariance_toy.json"
+    monkeypatch.setattr(invariance_toy, "OUT", out)
+    monkeypatch.setattr(invariance_toy.datasets, "load", lambda *args, **kwargs: None)
+    monkeypatch.setattr(invariance_toy, "run_one", lambda name, data, seed: {"elbo": -1.0, "train_rmse": 0.1,
+                                                                             "test_rmse": 0.2, "fit_seconds": 1.0})
+    report = invariance_toy.main()
+    written = _written_with_provenance(out, report, "invariance_toy")
+    assert written["machine"]["devices"] and datetime.datetime.fromisoformat(written["date"])
+    assert written["settings"]["steps"] == invariance_toy.STEPS and len(written["summary"]) == 4
+
+
+def test_polya_gamma_throughput_records_its_settings(tmp_path, monkeypatch):
+    pytest.importorskip("polyagamma")
+    polya_gamma_throughput = _script(monkeypatch, "polya_gamma_throughput", "--repeats", "2")
+    monkeypatch.setattr(polya_gamma_throughput, "measure", lambda c, draws, repeats, seed: {
+        "c": c, "ours_draws_per_s": 2.0, "polyagamma_draws_per_s": 1.0, "ratio": 2.0, "cpu_ratio": 2.0})
+    out = tmp_path / "polya_gamma_throughput.json"
+    report = polya_gamma_throughput.main(["--repeats", "2", "--draws", "10", "--out", str(out)])
+    written = _written_with_provenance(out, report, "polya_gamma_throughput")
+    assert written["settings"] == {"repeats": 2, "draws": 10, "seed": 0}
+    assert written["num_draws"] == 10 and written["min_ratio"] == 2.0
+
+
+def test_dkm_step_records_its_settings(tmp_path, monkeypatch):
+    dkm_step = _script(monkeypatch, "dkm_step", "--configs", "sine")
+    monkeypatch.setattr(dkm_step, "measure", lambda name, args: {"ratios": {"straightforward_over_gpzoo": 3.0}})
+    out = tmp_path / "dkm_step.json"
+    report = dkm_step.main(["--configs", "sine", "--repeats", "1", "--steps", "2", "--out", str(out)])
+    written = _written_with_provenance(out, report, "dkm_step")
+    assert written["settings"] == {"repeats": 1, "steps": 2, "configs": ["sine"], "reference_python": None,
+                                   "reference_repo": None}
+    assert written["configs"] == {"sine": {"ratios": {"straightforward_over_gpzoo": 3.0}}}
+
+
+def test_kernel_search_records_each_series_settings(tmp_path, monkeypatch):
+    kernel_search = _script(monkeypatch, "kernel_search", "--series", "co2,nile", "--depth", "1")
+    out = tmp_path / "kernel_search.json"
+    monkeypatch.setattr(kernel_search, "OUT", out)
+    monkeypatch.setattr(kernel_search, "compile_seconds", collections.Counter)
+    row = {"structure": "SE", "bic": 1.0, "rmse": 0.1, "mean_log_predictive_density": -1.0}
+    monkeypatch.setattr(kernel_search, "run_series", lambda name, depth, restarts, steps, totals, continue_parents: {
+        "rows": {"search": row}, "wall_s": 1.0, "compile_s": 0.5, "structures_fitted": 3})
+    kernel_search.main()
+    written = json.loads(out.read_text())
+    assert set(written["experiments"]) == {"co2", "nile"}
+    for experiment in written["experiments"].values():
+        assert experiment["settings"] == {"series": "co2,nile", "depth": 1, "restarts": 5, "steps": 60,
+                                          "continue_parents": False}
+        assert experiment["provenance"]["command"] == ["benchmarks/kernel_search.py", "--series", "co2,nile", "--depth", "1"]
+    recorded_commit = written["provenance"]["git_commit"] is not None
+    assert _load("summarise").missing_provenance(written) == ([] if recorded_commit else ["git commit"])
+
+
+def test_report_phase_records_its_settings(tmp_path, monkeypatch):
+    report_phase = _script(monkeypatch, "report_phase", "--repeats", "1")
+    run = {"models": 3, "fit_s": 2.0, "report_s": 1.0, "ratio": 0.5, "fit_cpu_s": 2.0, "report_cpu_s": 1.0, "cpu_ratio": 0.5,
+           "process_wall_s": 4.0, "load_average": [1.0, 1.0, 1.0]}
+    monkeypatch.setattr(report_phase, "run_once", lambda extra: dict(run))
+    out = tmp_path / "report_phase.json"
+    report = report_phase.main(["--repeats", "1", "--out", str(out), "--", "--steps", "3"])
+    written = _written_with_provenance(out, report, "report_phase")
+    assert written["settings"] == {"repeats": 1, "extra": ["--steps", "3"]}
+    assert written["command"][-2:] == ["--steps", "3"] and written["median_ratio"] == 0.5
+
+
+def test_a_part_rerun_of_compile_once_records_its_own_provenance(tmp_path, monkeypatch):
+    compile_once = _script(monkeypatch, "compile_once", "--only", "repeated")
+    earlier = {"command": ["benchmarks/compile_once.py"], "date": "2020-01-01T00:00:00+00:00", "git_commit": "0" * 40}
+    out = tmp_path / "compile_once.json"
+    out.write_text(json.dumps({"first_fit": {"kept": True}, "provenance": earlier}))
+    monkeypatch.setattr(compile_once, "repeated", lambda: {"fits": []})
+    report = compile_once.main(["--only", "repeated", "--out", str(out)])
+    written = _written_with_provenance(out, report, "compile_once")
+    assert written["first_fit"] == {"kept": True} and written["repeated"] == {"fits": []}
+    assert written["provenance"]["command"] == ["benchmarks/compile_once.py", "--only", "repeated"]
+    assert written["provenance"]["date"] != earlier["date"]
+
+
+def test_a_robustness_sweep_merge_drops_the_earlier_provenance(common, tmp_path, monkeypatch):
+    robustness_sweep = _script(monkeypatch, "robustness_sweep", "--models", "b", "--merge")
+    protocol = {"data": "rectangles", "seeds": 2, "steps": 10, "elbo_samples": 4}
+    earlier = {"command": ["benchmarks/robustness_sweep.py"], "date": "2020-01-01T00:00:00+00:00", "git_commit": "0" * 40}
+    old = {"date": "2020-01-01", "machine": {}, "protocol": dict(protocol), "provenance": earlier,
+           "results": {"float32": {"models": {"a": {"runs": 2}}, "failures": []}}}
+    new = {"date": "2026-01-01", "machine": {}, "seconds": 1.0, "protocol": dict(protocol),
+           "results": {"float32": {"models": {"b": {"runs": 2}}, "failures": []}}}
+    merged = robustness_sweep.merge_reports(old, new, ["b"], 10, {}, None)
+    assert "provenance" not in merged and old["provenance"] == earlier
+    assert set(merged["results"]["float32"]["models"]) == {"a", "b"}
+    common.write_json(tmp_path / "merged.json", merged)
+    assert merged["provenance"]["command"] == ["benchmarks/robustness_sweep.py", "--models", "b", "--merge"]
