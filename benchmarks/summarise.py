@@ -200,6 +200,10 @@ def _reproduce_conv(report: dict) -> list[str]:
     return lines + (["", STEP_NOTE] if lines else [])
 
 
+#: how an invariant binary model's Pólya–Gamma q(ω_n) = PG(1, c_n) gets c_n (records before ``pg_c``: the closed form)
+PG_TILTS = {"recognition": "recognition network", "closed-form": "closed form √E[f²]", "free": "free per point", None: "—"}
+
+
 @formatter("reproduce_invariance")
 def _reproduce_invariance(report: dict) -> list[str]:
     lines = []
@@ -217,8 +221,10 @@ def _reproduce_invariance(report: dict) -> list[str]:
             for model, r in run["models"].items():
                 rows.append([f"{num(run['alpha_true'])}°", f"`{model}`", num(r["steps"]), num(r.get("alpha_final")) + ("°" if "alpha_final" in r else ""),
                              pct(r["test_error"]), num(r["test_nlpp"]), f"{num(r['elbo'], 5)} ± {num(r['elbo_stderr'])}",
-                             num(r["s_per_step"]), goals if model == "invariant-rot" else "", r.get("device", "?")])
-        lines += table(["α_true", "model", "steps", "learned α", "error", "NLPP", "ELBO ± s.e.", "s/step", "goals met", "device"], rows)
+                             num(r["s_per_step"]), goals if model == "invariant-rot" else "", r.get("device", "?"),
+                             PG_TILTS[r.get("pg_c") or ("closed-form" if model.startswith("invariant") else None)]])
+        lines += table(["α_true", "model", "steps", "learned α", "error", "NLPP", "ELBO ± s.e.", "s/step", "goals met", "device",
+                        "PG tilt c"], rows)
         if s.get("figure"):
             lines += ["", f"Learned α over training: `benchmarks/results/{Path(s['figure']).name}`. Paper: α ≈ α_true for "
                           "90°, under-estimated for 180°; invariant beats RBF in error and ELBO."]
@@ -666,6 +672,9 @@ def _reproduce_tick(report: dict) -> list[str]:
         exp = experiments[name]
         s = exp["settings"]
         extra = " Every image has the same multiset of patches (checked)." if s.get("conv_indistinguishable") else ""
+        if s.get("hidden_sampling"):
+            extra += (f" Hidden layers: {s['hidden_channels']} channels, outputs drawn by the {s['hidden_sampling']!r} "
+                      f"scheme{' (per patch, the paper’s training scheme, §4.1)' if s['hidden_sampling'] == 'marginal' else ''}.")
         seeds = s.get("seeds")
         spread = (f" Mean over seeds {', '.join(map(str, seeds))}; ELBO ± its s.d. across seeds; every seed's own numbers are "
                   f"in the JSON." if seeds else f" Seed {s.get('seed')}; ELBO ± its Monte Carlo s.e.")

@@ -401,3 +401,14 @@ def test_a_robustness_sweep_merge_drops_the_earlier_provenance(common, tmp_path,
     assert set(merged["results"]["float32"]["models"]) == {"a", "b"}
     common.write_json(tmp_path / "merged.json", merged)
     assert merged["provenance"]["command"] == ["benchmarks/robustness_sweep.py", "--models", "b", "--merge"]
+
+
+def test_a_long_run_records_the_commit_it_started_from(common, monkeypatch):
+    """The commit and start time are taken once, when the process starts: a checkout that changes while a
+    long run writes its report after every part does not change what the report says the run ran."""
+    start = common.process_start()
+    monkeypatch.setattr(common, "git_commit", lambda root=None: "f" * 40 + "-dirty")
+    monkeypatch.setattr(common, "now", lambda: "2099-01-01T00:00:00+00:00")
+    record = common.provenance()
+    assert (record["git_commit"], record["started"]) == (start["git_commit"], start["started"])
+    assert record["date"] == "2099-01-01T00:00:00+00:00"  # the record's own date is the write's

@@ -74,6 +74,8 @@ def test_reproduce_scripts_quick(tmp_path):
     invariance.main(["--quick", "--experiment", "rotated", "--steps", "2", "--out", str(out),
                      "--figure", str(tmp_path / "alpha.png")])
     run = json.loads(out.read_text())["experiments"]["rotated"]["runs"]["alpha_true=90"]
+    assert set(run["models"]) == {"invariant-rot", "invariant-rot/closed-form", "svgp-rbf"}
+    assert (run["models"]["invariant-rot"]["pg_c"], run["models"]["invariant-rot/closed-form"]["pg_c"]) == ("recognition", "closed-form")
     curve = run["models"]["invariant-rot"]["alpha_curve"]
     assert curve["step"] == [0, 1, 2] and curve["alpha"][0] == pytest.approx(45.0, rel=1e-4)
     assert curve["alpha"][-1] == pytest.approx(run["models"]["invariant-rot"]["alpha_final"])
