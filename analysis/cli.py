@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="output file: .csv (a row per point: index, f_mean/f_var per latent, y moments, class "
                              "probabilities, predicted label, target where known) or .nc (the same as an xarray Dataset)")
     search_p = sub.add_parser("search", help="search the kernel grammar (SE, Per, Lin, RQ, +, ×, change points) for a "
-                                             "regression data set's structure; write a report")
+                                             "data set's structure (regression, labels or counts); write a report")
     search_p.add_argument("--data", default=None, help="a regression dataset (see `gpzoo list`; e.g. co2, sunspots, nile)")
     search_p.add_argument("--data-path", default=None, type=Path, metavar="FILE",
                           help="your own series instead: FILE.npz holding X [N] or [N, D] and y [N] (optional X_test, "
@@ -245,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="one more restart per expanded structure, continuing its parent's fit (default: off)")
     search_p.add_argument("--backend", choices=("sequential", "ray"), default="sequential",
                           help="where the candidates of a depth are fitted: here, one after another (default), or on Ray")
+    search_p.add_argument("--likelihood", choices=("gaussian", "bernoulli", "poisson"), default="gaussian",
+                          help="gaussian noise (default; exact or collapsed BIC), bernoulli for labels 0/1 or poisson for "
+                               "counts (BIC from the SVGP bound)")
     search_p.add_argument("--float32", action="store_true",
                           help="compute in float32 (default float64: exact marginal likelihoods need it)")
     search_p.add_argument("--out", required=True, type=Path, help="output folder: report.html, search.json, search.csv, figures/")
@@ -307,10 +310,15 @@ def _cmd_search_locked(args, out) -> int:
     from gpzoo.analysis import datasets  # noqa: PLC0415
     from gpzoo.analysis.search import search, verdict, write_report  # noqa: PLC0415
 
+    from gpzoo.models.likelihoods import Bernoulli, Poisson  # noqa: PLC0415
+
+    likelihood = {"gaussian": None, "bernoulli": Bernoulli(), "poisson": Poisson()}[args.likelihood]
+    task = {"gaussian": "regression", "bernoulli": "binary", "poisson": "count"}[args.likelihood]
     if args.data is not None:
         data = datasets.load(args.data, seed=args.seed)
-        if data.task != "regression":
-            raise UsageError(f"--data {args.data!r} is a {data.task} data set; the search needs regression data")
+        if data.task != task:
+            raise UsageError(f"--data {args.data!r} is a {data.task} data set; --likelihood {args.likelihood} searches "
+                             f"{task} data")
         X, y, X_test, y_test, title = data.X_train, data.y_train, data.X_test, data.y_test, f"Kernel search: {args.data}"
     else:
         X, y, X_test, y_test = _read_series(args.data_path)
@@ -318,7 +326,7 @@ def _cmd_search_locked(args, out) -> int:
     bases = [b.strip() for b in args.bases.split(",") if b.strip()]
     result = search(X, y, depth=args.depth, bases=bases, beam=args.beam, restarts=args.restarts, steps=args.steps,
                     changes=args.changes, seed=args.seed, backend=args.backend, progress=not args.quiet,
-                    continue_parents=args.continue_parents)
+                    continue_parents=args.continue_parents, likelihood=likelihood)
     path = write_report(result, args.out, X_test=X_test, y_test=y_test, title=title)
     print(verdict(result), file=out)
     print(f"report: {path}", file=out)

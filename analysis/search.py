@@ -29,6 +29,18 @@ better), from the exact log marginal likelihood for N ≤ ``exact_max`` and from
 bound (Titsias 2009, eq. 9) with ``num_inducing`` inputs above; the score used is named in the
 result (``score``).
 
+Non-Gaussian data (``likelihood=Bernoulli()`` for labels in {0, 1}, ``Poisson()`` for counts) is
+scored by ``"bic-svgp"``: −2 ELBO + p log N with the full-batch SVGP bound
+(:func:`gpzoo.inference.exact.svgp_elbo`; Hensman et al. 2015) in place of the log
+marginal likelihood, which has no closed form. A whitened q(u) on ``num_inducing`` (default 32)
+evenly spaced training inputs is optimised by the same L-BFGS jointly with the hyperparameters,
+from q(u) = p(u); p counts the hyperparameters only (q is variational, not a model parameter).
+The bound is below the log marginal likelihood, by a gap that differs between structures, so
+this BIC is an approximation the way the collapsed one is. The data-driven initial values come
+from a latent proxy of y (2y − 1 for labels, log((y + ½)/binsize) for counts); the latent GP has
+zero mean, so counts far from ``binsize`` per bin need a C (constant) base or a ``binsize`` near
+their mean.
+
 The best structure is an ordinary gpzoo model: :meth:`SearchResult.spec` is a sparse variational
 GP with that kernel, initialised at the search's hyperparameters, for :func:`gpzoo.fit` and
 :func:`gpzoo.compare`; :meth:`SearchResult.predict` and :meth:`SearchResult.decomposition`
@@ -53,7 +65,8 @@ from numpyro import handlers
 from numpyro.distributions import constraints
 from numpyro.distributions.transforms import biject_to
 
-from gpzoo.inference.exact import collapsed_elbo, exact_log_marginal
+from gpzoo.inference.exact import collapsed_elbo, exact_log_marginal, svgp_elbo, whitened_moments
+from gpzoo.inference.linalg import cholesky_with_jitter
 from gpzoo.models.errors import DataError, InvalidArgumentError, as_float_array, check_integer, unknown_name_message
 from gpzoo.models.kernels.base import Fixed
 from gpzoo.models.grammar import (
@@ -61,8 +74,13 @@ from gpzoo.models.grammar import (
 
 __all__ = ["SCORES", "Candidate", "SearchResult", "describe", "expand", "heldout_metrics", "search", "verdict", "write_report"]
 
-#: Score names: BIC from the exact log marginal likelihood, or from Titsias' collapsed bound.
-SCORES = ("bic-exact", "bic-collapsed")
+#: Score names: BIC from the exact log marginal likelihood, from Titsias' collapsed bound, or from the SVGP
+#: bound of a non-Gaussian likelihood.
+SCORES = ("bic-exact", "bic-collapsed", "bic-svgp")
+#: Inducing inputs of the SVGP bound when ``num_inducing`` is not given (the collapsed bound's default is 200).
+DEFAULT_SVGP_INDUCING = 32
+#: Sites of the variational q(v) of the SVGP score (optimised with the hyperparameters, not counted in BIC's p).
+_VARIATIONAL = ("q_mu", "q_sqrt")
 DEFAULT_BASES = ("SE", "Per", "Lin", "RQ")
 #: From this many points on, the optimiser drops its finished restarts from the batch (see ``_optimise``).
 COMPACT_MIN_POINTS = 256
@@ -80,7 +98,7 @@ class Candidate:
     depth: int
     parent: str | None
     score: float  # BIC (lower is better)
-    log_marginal: float  # the exact log marginal likelihood, or the collapsed bound
+    log_marginal: float  # the exact log marginal likelihood, the collapsed bound, or the SVGP bound
     num_params: int
     restarts: int
     failed_restarts: int
@@ -195,6 +213,15 @@ def _periodogram_periods(x: np.ndarray, y: np.ndarray, count: int = 4) -> list[f
     return [float(periods[i]) for i in ranked]
 
 
+def _latent_proxy(y: np.ndarray, likelihood) -> np.ndarray:
+    """What the latent f looks like, for initial values: y itself (Gaussian), 2y − 1 (labels), log((y + ½)/binsize) (counts)."""
+    if likelihood is None:
+        return y
+    if _likelihood_key(likelihood)[0] == "bernoulli":
+        return 2.0 * y - 1.0
+    return np.log((y + 0.5) / float(likelihood.binsize))
+
+
 def _data_stats(X: np.ndarray, y: np.ndarray) -> dict:
     return {
         "spread": [float(max(X[:, d].std(), 1e-12)) for d in range(X.shape[1])],
@@ -209,10 +236,28 @@ def _data_stats(X: np.ndarray, y: np.ndarray) -> dict:
 # ----------------------------------------------------------------------------- the compiled program
 @dataclasses.dataclass(frozen=True)
 class _Structure:
-    """What a candidate's compiled program depends on besides array values (its static argument)."""
+    """What a candidate's compiled program depends on besides array values (its static argument):
+    the structure, the score and, for ``"bic-svgp"``, the likelihood's description (:func:`_likelihood_key`)."""
 
     expression: Expression
     score: str
+    likelihood: tuple = ()
+
+
+#: Likelihoods the SVGP score takes: their static fields, the key of the compiled programs
+_LIKELIHOOD_FIELDS = {"Bernoulli": ("bernoulli", ("link", "num_gauss_hermite")), "Poisson": ("poisson", ("binsize", "num_gauss_hermite"))}
+
+
+def _likelihood_key(likelihood) -> tuple:
+    """A hashable, value-compared description of a Bernoulli or Poisson likelihood (its static fields)."""
+    kind, fields = _LIKELIHOOD_FIELDS[type(likelihood).__name__]
+    return (kind, tuple((f, float(getattr(likelihood, f)) if f == "binsize" else getattr(likelihood, f)) for f in fields))
+
+
+def _likelihood_of(key: tuple):
+    from gpzoo.models.likelihoods import Bernoulli, Poisson  # noqa: PLC0415
+
+    return {"bernoulli": Bernoulli, "poisson": Poisson}[key[0]](**dict(key[1]))
 
 
 def _sites(kernel) -> dict:
@@ -234,14 +279,22 @@ def _kernel_at(expression: Expression, constrained: dict):
     return handlers.substitute(lambda: template.realise("kernel"), data=constrained)()
 
 
-def _constrain(expression: Expression, unconstrained: dict) -> tuple[dict, jax.Array]:
+def _constrain(expression: Expression, unconstrained: dict) -> tuple[dict, jax.Array | float]:
     values = {name: biject_to(constraint)(unconstrained[name]) for name, constraint in _constraints(expression).items()}
-    return values, jnp.exp(unconstrained["noise"])
+    return values, jnp.exp(unconstrained["noise"]) if "noise" in unconstrained else jnp.nan
+
+
+def _q_sqrt(unconstrained):
+    """The lower-triangular factor of q(v) from its unconstrained entries (``[..., M(M+1)/2]`` -> ``[..., M, M]``)."""
+    return biject_to(constraints.lower_cholesky)(unconstrained)
 
 
 def _log_marginal(structure: _Structure, unconstrained: dict, X, y, Z, noise_floor):
     values, noise = _constrain(structure.expression, unconstrained)
     kernel = _kernel_at(structure.expression, values)
+    if structure.score == "bic-svgp":
+        return svgp_elbo(kernel, _likelihood_of(structure.likelihood), Z, unconstrained["q_mu"],
+                         _q_sqrt(unconstrained["q_sqrt"]), X, y)
     noise = noise + noise_floor
     if structure.score == "bic-exact":
         return exact_log_marginal(kernel, noise, X, y)
@@ -433,13 +486,15 @@ class _Inherit:
 
 
 def _initial_points(expression: Expression, stats: dict, restarts: int, seed: int, dtype,
-                    inherited: tuple[Expression, dict] | None = None) -> dict:
+                    inherited: tuple[Expression, dict] | None = None, num_variational: int = 0) -> dict:
     """``{site: [R, ...]}`` unconstrained initial values; restart 0 at the typical values, the others
     random around them. With ``inherited`` (the parent's expression and fitted hyperparameters) one
     more restart, the last, continues the parent's fit: the hyperparameters the parent had and the
     noise start at the parent's optimum, the new ones at their typical values. It is one more, not one
     of the ``restarts``: the parent's optimum can be a poor start for the new structure (an SE's short
-    lengthscale fitted to a periodic signal is one for the product SE × Per that explains it)."""
+    lengthscale fitted to a periodic signal is one for the product SE × Per that explains it). With
+    ``num_variational`` = M (the SVGP score) every restart's q(v) starts at the prior N(0, I) and there
+    is no noise variance."""
     rng = np.random.default_rng([seed, zlib.crc32(expression.key().encode())])
     pool, parent_noise = None, math.nan
     if inherited is not None:
@@ -454,13 +509,19 @@ def _initial_points(expression: Expression, stats: dict, restarts: int, seed: in
         noise = stats["y_var"] * (0.1 if r == 0 or continued else float(np.exp(rng.uniform(np.log(0.01), np.log(0.5)))))
         if continued and math.isfinite(parent_noise) and parent_noise > 0:
             noise = parent_noise
-        u["noise"] = np.asarray(np.log(noise), dtype)
+        if num_variational:  # q(v) = p(v) = N(0, I): no noise variance, a likelihood without one
+            M = num_variational
+            u["q_mu"] = np.zeros(M, dtype)
+            u["q_sqrt"] = np.asarray(biject_to(constraints.lower_cholesky).inv(jnp.eye(M, dtype=dtype)))
+        else:
+            u["noise"] = np.asarray(np.log(noise), dtype)
         points.append(u)
     return {name: jnp.asarray(np.stack([p[name] for p in points]), dtype) for name in points[0]}
 
 
 def _num_params(u0: dict) -> int:
-    return int(sum(np.prod(v.shape[1:]) for v in u0.values()))
+    """BIC's p: the hyperparameters and the noise variance, not the variational q(v)."""
+    return int(sum(np.prod(v.shape[1:]) for k, v in u0.items() if k not in _VARIATIONAL))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -470,6 +531,12 @@ class _Settings:
     score: str
     num_inducing: int
     seed: int
+    likelihood: tuple = ()  # the SVGP score's likelihood (:func:`_likelihood_key`), else empty
+
+
+def _inducing_inputs(X, num_inducing: int):
+    """The bounds' inducing inputs: ``num_inducing`` training inputs evenly spaced through the rows."""
+    return X[np.linspace(0, len(X) - 1, min(num_inducing, len(X))).astype(int)]
 
 
 def evaluate(expression: Expression, X, y, settings: _Settings, stats: dict, depth: int = 0, parent=None,
@@ -479,13 +546,14 @@ def evaluate(expression: Expression, X, y, settings: _Settings, stats: dict, dep
     start = time.perf_counter()
     dtype = jnp.result_type(float)
     Xj, yj = jnp.asarray(X, dtype), jnp.asarray(y, dtype)
-    Z = Xj[np.linspace(0, len(X) - 1, min(settings.num_inducing, len(X))).astype(int)]
+    Z = _inducing_inputs(Xj, settings.num_inducing)
     floor = jnp.asarray(stats["y_var"] * (1e-6 if dtype == jnp.float64 else 1e-4), dtype)
     inherited = None
     if parent is not None and parent_hyperparameters:
         inherited = (canonical(parse(parent), noise=True), parent_hyperparameters)
-    u0 = _initial_points(expression, stats, settings.restarts, settings.seed, dtype, inherited)
-    structure = _Structure(expression, settings.score)
+    svgp = settings.score == "bic-svgp"
+    u0 = _initial_points(expression, stats, settings.restarts, settings.seed, dtype, inherited, len(Z) if svgp else 0)
+    structure = _Structure(expression, settings.score, settings.likelihood)
     u, log_marginals = _optimise(structure, u0, Xj, yj, Z, floor, settings.steps)
     log_marginals = np.asarray(log_marginals, dtype=np.float64)
     finite = np.isfinite(log_marginals)
@@ -496,7 +564,11 @@ def evaluate(expression: Expression, X, y, settings: _Settings, stats: dict, dep
     best = int(np.nanargmax(np.where(finite, log_marginals, -np.inf)))
     values, noise = _constrain(expression, {k: v[best] for k, v in u.items()})
     hyper = {k: np.asarray(v, np.float64).tolist() for k, v in values.items()}
-    hyper["noise"] = float(noise) + float(floor)
+    if svgp:  # the best restart's q(v), for predictions
+        hyper["q_mu"] = np.asarray(u["q_mu"][best], np.float64).tolist()
+        hyper["q_sqrt"] = np.asarray(_q_sqrt(u["q_sqrt"][best]), np.float64).tolist()
+    else:
+        hyper["noise"] = float(noise) + float(floor)
     log_marginal = float(log_marginals[best])
     return Candidate(expression.key(), depth, parent, -2.0 * log_marginal + p * math.log(N), log_marginal, p,
                      len(log_marginals), int((~finite).sum()), time.perf_counter() - start, hyper)
@@ -560,17 +632,34 @@ def _check_data(X, y) -> tuple[np.ndarray, np.ndarray]:
     return X, y
 
 
+def _check_likelihood(likelihood, y: np.ndarray):
+    """None for Gaussian data (``likelihood`` None or a Gaussian), else the Bernoulli / Poisson likelihood
+    with ``y`` checked against it."""
+    from gpzoo.models.likelihoods import Gaussian, Likelihood  # noqa: PLC0415
+
+    if likelihood is None or isinstance(likelihood, Gaussian):
+        return None
+    if not isinstance(likelihood, Likelihood) or type(likelihood).__name__ not in _LIKELIHOOD_FIELDS:
+        raise InvalidArgumentError("likelihood", "the search takes a Gaussian (None), Bernoulli or Poisson likelihood "
+                                                 f"(one latent function), got {likelihood!r}")
+    likelihood.validate_targets(y)
+    return likelihood
+
+
 def search(X, y, *, depth: int = 3, bases: Sequence[str] = DEFAULT_BASES, beam: int = 1, restarts: int = 5,
-           steps: int = 60, changes: bool = True, exact_max: int = 2000, num_inducing: int = 200, seed: int = 0,
-           backend: str = "sequential", progress: bool = True, continue_parents: bool = False) -> "SearchResult":
-    """Greedy compositional kernel search on regression data ``X`` ``[N, D]`` (or ``[N]``), ``y`` ``[N]``.
+           steps: int = 60, changes: bool = True, exact_max: int = 2000, num_inducing: int | None = None, seed: int = 0,
+           backend: str = "sequential", progress: bool = True, continue_parents: bool = False,
+           likelihood=None) -> "SearchResult":
+    """Greedy compositional kernel search on data ``X`` ``[N, D]`` (or ``[N]``), ``y`` ``[N]``.
 
     ``depth`` levels of expansion (1: base kernels only); ``bases`` the grammar's base kernels
     (of :data:`gpzoo.models.grammar.BASE_KERNELS`); ``beam`` structures expanded per depth;
     ``restarts`` initial points per structure, optimised by ``steps`` L-BFGS iterations in one
     batched program; ``changes`` adds the change-point and change-window productions. The exact
     marginal likelihood scores N ≤ ``exact_max`` points, the collapsed bound with ``num_inducing``
-    evenly spaced training inputs scores more. ``backend``: ``"sequential"`` or ``"ray"`` (the
+    (default 200) evenly spaced training inputs scores more. ``likelihood``: None (Gaussian noise, the
+    default), ``Bernoulli()`` (labels 0/1) or ``Poisson()`` (counts), the last two scored by the SVGP
+    bound with ``num_inducing`` (default 32) inducing inputs (module docstring). ``backend``: ``"sequential"`` or ``"ray"`` (the
     candidates of one depth in parallel; the same results). Inputs and targets are used as given:
     standardise y and put x on a readable scale first (the search's initial values adapt to the
     data's spread, but its descriptions are in x's units). ``continue_parents`` gives every structure
@@ -586,6 +675,9 @@ def search(X, y, *, depth: int = 3, bases: Sequence[str] = DEFAULT_BASES, beam: 
     restarts = check_integer(restarts, "restarts", minimum=1)
     steps = check_integer(steps, "steps", minimum=1)
     exact_max = check_integer(exact_max, "exact_max", minimum=1)
+    likelihood = _check_likelihood(likelihood, y)
+    if num_inducing is None:
+        num_inducing = 200 if likelihood is None else DEFAULT_SVGP_INDUCING
     num_inducing = check_integer(num_inducing, "num_inducing", minimum=1)
     seed = check_integer(seed, "seed", minimum=0)
     if isinstance(bases, str) or not isinstance(bases, Sequence) or not bases:
@@ -597,9 +689,12 @@ def search(X, y, *, depth: int = 3, bases: Sequence[str] = DEFAULT_BASES, beam: 
         raise InvalidArgumentError("continue_parents", f"expected True or False, got {continue_parents!r}")
     if backend not in BACKENDS:
         raise InvalidArgumentError("backend", unknown_name_message("backend", backend, list(BACKENDS)))
-    score = "bic-exact" if len(y) <= exact_max else "bic-collapsed"
-    settings = _Settings(restarts, steps, score, num_inducing, seed)
-    stats = _data_stats(X, y)
+    if likelihood is not None:
+        score, key = "bic-svgp", _likelihood_key(likelihood)
+    else:
+        score, key = ("bic-exact" if len(y) <= exact_max else "bic-collapsed"), ()
+    settings = _Settings(restarts, steps, score, num_inducing, seed, key)
+    stats = _data_stats(X, _latent_proxy(y, likelihood))
     fitted: dict[Expression, Candidate] = {}
     frontier: list[tuple[Expression, Candidate | None]] = [(canonical(b, noise=True), None)
                                                            for b in _bases(bases, X.shape[1])]
@@ -630,7 +725,7 @@ def search(X, y, *, depth: int = 3, bases: Sequence[str] = DEFAULT_BASES, beam: 
                 if math.isfinite(candidate.score):
                     frontier.extend((child, candidate) for child in expand(expression, bases, X.shape[1], changes))
     trace = sorted(fitted.values(), key=lambda c: (c.depth, c.score))
-    return SearchResult(trace=tuple(trace), score=score, X=X, y=y, settings=settings)
+    return SearchResult(trace=tuple(trace), score=score, X=X, y=y, settings=settings, likelihood=likelihood)
 
 
 def _progress(show: bool, total: int, description: str):
@@ -652,6 +747,7 @@ class SearchResult:
     X: np.ndarray
     y: np.ndarray
     settings: _Settings
+    likelihood: Any = None  # None: Gaussian noise; else the Bernoulli / Poisson likelihood of the SVGP score
 
     @property
     def best(self) -> Candidate:
@@ -672,12 +768,19 @@ class SearchResult:
         """The fitted kernel of ``candidate`` (default the best), with concrete hyperparameters."""
         candidate = candidate or self.best
         expression = canonical(parse(candidate.expression), noise=True)
-        values = {k: jnp.asarray(v) for k, v in candidate.hyperparameters.items() if k != "noise"}
+        values = {k: jnp.asarray(v) for k, v in candidate.hyperparameters.items() if k not in ("noise", *_VARIATIONAL)}
         return _kernel_at(expression, values)
 
     @property
     def noise_variance(self) -> float:
-        return float(self.best.hyperparameters["noise"])
+        """The Gaussian noise variance of the best structure (0.0 for a non-Gaussian likelihood, which has none)."""
+        return float(self.best.hyperparameters.get("noise", 0.0))
+
+    def _variational(self):
+        """The SVGP score's inducing inputs Z ``[M, D]`` and the best structure's q(v): mean ``[M]``, factor ``[M, M]``."""
+        X = jnp.asarray(self.X)
+        h = self.best.hyperparameters
+        return _inducing_inputs(X, self.settings.num_inducing), jnp.asarray(h["q_mu"], X.dtype), jnp.asarray(h["q_sqrt"], X.dtype)
 
     def _solve(self):
         kernel = self.kernel()
@@ -686,13 +789,27 @@ class SearchResult:
         return kernel, jax.scipy.linalg.cho_factor(K, lower=True), X, y
 
     def predict(self, X_new):
-        """Exact posterior mean and variance of f at ``X_new`` ``[N*, D]`` under the best structure."""
+        """Mean and variance of f at ``X_new`` ``[N*, D]`` under the best structure: the exact posterior for
+        Gaussian noise, q(f) of the fitted SVGP otherwise."""
         X_new = self._check_new(X_new)
+        if self.likelihood is not None:
+            Z, q_mu, q_sqrt = self._variational()
+            mean, var = whitened_moments(self.kernel(), Z, q_mu, q_sqrt, X_new)
+            return np.asarray(mean), np.asarray(var)
         kernel, factor, X, y = self._solve()
         Ks = kernel.K(X, X_new)  # [N, N*]
         mean = Ks.T @ jax.scipy.linalg.cho_solve(factor, y)
         var = kernel.K_diag(X_new) - jnp.sum(Ks * jax.scipy.linalg.cho_solve(factor, Ks), axis=0)
         return np.asarray(mean), np.asarray(var)
+
+    def predictive(self, X_new):
+        """Mean and standard deviation ``[N*]`` of y* at ``X_new``: f's posterior plus the noise, or the
+        Bernoulli / Poisson predictive moments under q(f)."""
+        mean, var = self.predict(X_new)
+        if self.likelihood is None:
+            return mean, np.sqrt(np.maximum(var + self.noise_variance, 0.0))
+        y_mean, y_var = self.likelihood.predict_mean_and_var(jnp.asarray(mean)[:, None], jnp.asarray(var)[:, None])
+        return np.asarray(y_mean)[:, 0], np.sqrt(np.maximum(np.asarray(y_var)[:, 0], 0.0))
 
     def _check_new(self, X_new):
         X_new = as_float_array(X_new, "X_new")
@@ -709,9 +826,13 @@ class SearchResult:
         Returns one dict per summand: ``expression``, ``description``, ``mean`` ``[N*]`` and ``var``
         ``[N*]`` (``cov`` ``[N*, N*]`` too with ``full_cov``). The means sum to the full posterior
         mean; the covariances plus the cross-covariances −K_i(X*, X)(K + σ²I)⁻¹K_j(X, X*) sum to the
-        full covariance.
+        full covariance. For a non-Gaussian likelihood each component is f_i's q through the inducing
+        outputs, q(f_i) = ∫ p(f_i | u) q(u) du (u = f(Z) is the sum's): with B_i = Luu⁻¹ K_i(Z, X*),
+        mean_i = B_iᵀ m and cov_i = K_i(X*, X*) − B_iᵀB_i + B_iᵀ S Sᵀ B_i; the means again sum to q(f)'s.
         """
         X_new = self._check_new(X_new)
+        if self.likelihood is not None:
+            return self._svgp_decomposition(X_new, full_cov)
         kernel, factor, X, y = self._solve()
         parts = kernel.kernels if isinstance(self.expression, Add) else (kernel,)
         alpha = jax.scipy.linalg.cho_solve(factor, y)
@@ -729,9 +850,29 @@ class SearchResult:
             out.append(entry)
         return out
 
+    def _svgp_decomposition(self, X_new, full_cov: bool) -> list[dict]:
+        kernel = self.kernel()
+        Z, q_mu, q_sqrt = self._variational()
+        Luu, _ = cholesky_with_jitter(kernel.K(Z), 1e-6)  # [M, M], the jitter of whitened_moments
+        parts = kernel.kernels if isinstance(self.expression, Add) else (kernel,)
+        out = []
+        for expression, part in zip(summands(self.expression), parts):
+            B = jax.scipy.linalg.solve_triangular(Luu, part.K(Z, X_new), lower=True)  # [M, N*]
+            SB = q_sqrt.T @ B  # [M, N*]
+            entry: dict[str, Any] = {"expression": str(expression), "description": describe(expression, part),
+                                     "mean": np.asarray(B.T @ q_mu)}
+            if full_cov:
+                entry["cov"] = np.asarray(part.K(X_new) - B.T @ B + SB.T @ SB)
+                entry["var"] = np.diag(entry["cov"]).copy()
+            else:
+                entry["var"] = np.asarray(part.K_diag(X_new) - jnp.sum(B**2, axis=0) + jnp.sum(SB**2, axis=0))
+            out.append(entry)
+        return out
+
     def spec(self, num_inducing: int | None = None):
-        """The best structure as a gpzoo :class:`~gpzoo.models.zoo_core.ModelSpec` (sparse variational GP,
-        Gaussian likelihood) initialised at the search's hyperparameters, for :func:`gpzoo.fit` / :func:`gpzoo.compare`."""
+        """The best structure as a gpzoo :class:`~gpzoo.models.zoo_core.ModelSpec` (sparse variational GP, the
+        search's likelihood: Gaussian at the fitted noise, or its Bernoulli / Poisson) initialised at the search's
+        hyperparameters, for :func:`gpzoo.fit` / :func:`gpzoo.compare`."""
         from gpzoo.models.likelihoods import Gaussian  # noqa: PLC0415
         from gpzoo.models.zoo_core import ModelSpec  # noqa: PLC0415
 
@@ -743,12 +884,15 @@ class SearchResult:
         leaves = [t if is_fixed(t) else np.asarray(f, np.float64) for t, f in zip(template, fitted, strict=True)]
         # call-arg: pytree_dataclass is opaque to mypy (no dataclass_transform), so it sees no fields
         return ModelSpec(name="searched", kernel=jax.tree.unflatten(treedef, leaves),
-                         likelihood=Gaussian(noise_variance=self.noise_variance), num_inducing=M,  # type: ignore[call-arg]
+                         likelihood=self.likelihood if self.likelihood is not None else Gaussian(noise_variance=self.noise_variance),  # type: ignore[call-arg]
+                         num_inducing=M,
                          description=f"structure found by kernel search: {self.best.expression}")
 
     def to_json(self) -> dict:
         """A JSON-ready summary: the score used, settings, best structure and the whole trace."""
-        return {"score": self.score, "settings": dataclasses.asdict(self.settings),
+        settings = dataclasses.asdict(self.settings)
+        settings["likelihood"] = "Gaussian" if self.likelihood is None else repr(self.likelihood)
+        return {"score": self.score, "settings": settings,
                 "best": dataclasses.asdict(self.best), "trace": [dataclasses.asdict(c) for c in self.trace]}
 
 
@@ -850,17 +994,16 @@ def _figures(result: SearchResult, folder, X_test=None, y_test=None) -> dict[str
             lo, hi = min(lo, np.min(X_test)), max(hi, np.max(X_test))
         pad = 0.05 * (hi - lo)
         grid = np.linspace(lo - pad, hi + pad, 400)[:, None]
-        mean, var = result.predict(grid)
-        sd = np.sqrt(np.maximum(var + result.noise_variance, 0.0))
+        mean, sd = result.predictive(grid)
         fig, ax = plt.subplots(figsize=(8, 3.2))
         ax.plot(X[:, 0], result.y, ".", ms=3, color="k", label="training data")
         if X_test is not None and y_test is not None:
             ax.plot(np.ravel(X_test), y_test, ".", ms=3, color="tab:red", label="held-out data")
-        ax.plot(grid[:, 0], mean, color="tab:blue", label="posterior mean")
+        ax.plot(grid[:, 0], mean, color="tab:blue", label="posterior mean" if result.likelihood is None else "predictive mean of y")
         ax.fill_between(grid[:, 0], mean - 2 * sd, mean + 2 * sd, color="tab:blue", alpha=0.2, label="± 2 sd (y)")
         ax.set_xlabel("x")
         ax.legend(fontsize=7, loc="best")
-        ax.set_title(str(result.expression))
+        ax.set_title(str(result.expression) + ("" if result.likelihood is None else f" ({type(result.likelihood).__name__})"))
         fig.tight_layout()
         fig.savefig(folder / "fit.png", dpi=110)
         plt.close(fig)
@@ -871,7 +1014,8 @@ def _figures(result: SearchResult, folder, X_test=None, y_test=None) -> dict[str
             sd = np.sqrt(np.maximum(part["var"], 0.0))
             ax.plot(grid[:, 0], part["mean"], color="tab:green")
             ax.fill_between(grid[:, 0], part["mean"] - 2 * sd, part["mean"] + 2 * sd, color="tab:green", alpha=0.2)
-            ax.set_title(f"{part['expression']}: {part['description']}", fontsize=8)
+            ax.set_title(f"{part['expression']}: {part['description']}" + ("" if result.likelihood is None else " (latent f)"),
+                         fontsize=8)
         fig.tight_layout()
         fig.savefig(folder / "components.png", dpi=110)
         plt.close(fig)
@@ -893,11 +1037,25 @@ def _figures(result: SearchResult, folder, X_test=None, y_test=None) -> dict[str
     return names
 
 
+def _score_text(result: SearchResult) -> str:
+    if result.likelihood is None:
+        return "BIC = −2 log p(y | θ̂) + p log N"
+    return (f"{type(result.likelihood).__name__} likelihood: BIC = −2 ELBO + p log N, the SVGP bound with "
+            f"{result.settings.num_inducing} inducing inputs in place of log p(y | θ̂)")
+
+
 def heldout_metrics(result: SearchResult, X_test, y_test) -> dict:
     """RMSE and mean log predictive density of y at held-out points under the best structure
-    (:func:`gpzoo.analysis.calibration.regression_metrics` of the Gaussian predictive)."""
+    (:func:`gpzoo.analysis.calibration.regression_metrics` of the Gaussian predictive; for a Bernoulli or
+    Poisson likelihood its own predictive density and the RMSE of its predictive mean)."""
     from gpzoo.analysis.calibration import regression_metrics  # noqa: PLC0415
 
+    if result.likelihood is not None:
+        y_test = result.likelihood.validate_targets(as_float_array(y_test, "y_test"))
+        mean, var = (jnp.asarray(v)[:, None] for v in result.predict(X_test))
+        y_mean = np.asarray(result.likelihood.predict_mean_and_var(mean, var)[0])[:, 0]
+        log_density = np.asarray(result.likelihood.predict_log_density(jnp.asarray(y_test, mean.dtype), mean, var))
+        return {"rmse": float(np.sqrt(np.mean((y_mean - y_test) ** 2))), "mean_log_predictive_density": float(log_density.mean())}
     mean, var = result.predict(X_test)
     scores = regression_metrics(as_float_array(y_test, "y_test"), mean, var + result.noise_variance)
     return {"rmse": scores["rmse"], "mean_log_predictive_density": -scores["nll"]}
@@ -938,7 +1096,7 @@ def write_report(result: SearchResult, out_dir, *, X_test=None, y_test=None, tit
 table{{border-collapse:collapse;font-size:0.85rem}}td,th{{border:1px solid #ccc;padding:2px 6px}}</style></head><body>
 <h1>{html.escape(title)}</h1>
 <p class="verdict">{html.escape(summary['verdict'])}</p>
-<p>Scored by {html.escape(result.score)} (BIC = −2 log p(y | θ̂) + p log N; {len(result.trace)} structures fitted,
+<p>Scored by {html.escape(result.score)} ({html.escape(_score_text(result))}; {len(result.trace)} structures fitted,
 {result.settings.restarts} restarts each).</p>
 {heldout}
 <h2>Components</h2><ul>{rows}</ul>

@@ -4,6 +4,12 @@ For small data sets these are the ground truth the sparse variational machinery 
 against: with Z = X and the optimal q(u) the SVGP ELBO (van der Wilk et al. 2017, eq. 5) equals the exact log
 marginal likelihood, and so does the collapsed bound. ``optimal_q`` gives that q(u) in closed
 form for a Gaussian likelihood (Titsias 2009), factorising only M×M matrices.
+
+``svgp_elbo`` is the full-batch SVGP bound (Hensman et al. 2015) for a
+single latent function with a whitened q(v), v = Luu⁻¹u, and any likelihood whose expected
+log-likelihood is deterministic (quadrature or closed form): a smooth function of the
+hyperparameters and q, for optimisers that need one (the kernel search scores non-Gaussian data
+with it).
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ from jax.scipy.linalg import cho_solve, solve_triangular
 
 from gpzoo.inference.linalg import cholesky_with_jitter
 
-__all__ = ["collapsed_elbo", "exact_log_marginal", "exact_posterior", "gaussian_log_density", "optimal_q"]
+__all__ = ["collapsed_elbo", "exact_log_marginal", "exact_posterior", "gaussian_log_density", "optimal_q", "svgp_elbo",
+           "whitened_kl", "whitened_moments"]
 
 LOG_2PI = math.log(2.0 * math.pi)
 
@@ -98,3 +105,26 @@ def optimal_q(kernel, noise_variance, Z, X, y, *, whiten: bool = True, jitter: f
     if not whiten:
         m, S_sqrt = Luu @ m, Luu @ S_sqrt
     return m[None], S_sqrt[None]
+
+
+def whitened_moments(kernel, Z, q_mu, q_sqrt, X, jitter: float = 1e-6):
+    """Mean and variance ``[N]`` of q(f(X)) = ∫ p(f | u) q(u) du for whitened q(v) = N(q_mu, q_sqrt q_sqrtᵀ),
+    u = Luu v (q_mu ``[M]``, q_sqrt ``[M, M]`` lower triangular): mean Aᵀm, variance
+    k(x, x) − ‖a_x‖² + ‖Sᵀa_x‖² with A = Luu⁻¹ Kuf."""
+    Luu, _ = cholesky_with_jitter(kernel.K(Z), jitter)  # [M, M]
+    A = solve_triangular(Luu, kernel.K(Z, X), lower=True)  # [M, N]
+    SA = q_sqrt.T @ A  # [M, N]
+    return A.T @ q_mu, kernel.K_diag(X) - jnp.sum(A**2, axis=0) + jnp.sum(SA**2, axis=0)
+
+
+def whitened_kl(q_mu, q_sqrt):
+    """KL[N(q_mu, S Sᵀ) ‖ N(0, I)] = ½ (tr S Sᵀ + mᵀm − M − log|S Sᵀ|) for S = ``q_sqrt`` lower triangular."""
+    return 0.5 * (jnp.sum(q_sqrt**2) + jnp.sum(q_mu**2) - q_mu.shape[-1]) - jnp.sum(jnp.log(jnp.abs(jnp.diagonal(q_sqrt))))
+
+
+def svgp_elbo(kernel, likelihood, Z, q_mu, q_sqrt, X, y, jitter: float = 1e-6):
+    """Σ_n E_q(f_n)[log p(y_n | f_n)] − KL[q(v) ‖ p(v)] on the whole data set (module docstring); the
+    likelihood's ``variational_expectation`` gives each expectation."""
+    mean, var = whitened_moments(kernel, Z, q_mu, q_sqrt, X, jitter)  # [N] x2
+    expected = likelihood.variational_expectation(y, mean[:, None], var[:, None])  # [N]
+    return jnp.sum(expected) - whitened_kl(q_mu, q_sqrt)
