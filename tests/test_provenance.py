@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import datetime
-import importlib.util
 import json
 import os
 import re
@@ -22,16 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from test_benchmarks_smoke import _load
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"_benchmark_{name}", BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
