@@ -142,3 +142,4 @@ def test_an_interrupted_ablation_keeps_its_finished_runs(tmp_path, monkeypatch, 
     assert report["summary"]["full"]["runs"] == 1 and report["summary"]["no_skr"]["runs"] == 0
     lines = _load("summarise").FORMATTERS["reproduce_dkm"](report)
     assert any("Partial: 1 of 4 planned runs" in line for line in lines)
+

@@ -79,3 +79,19 @@ def test_reproduce_scripts_quick(tmp_path):
     assert set(report) == {"rotated", "mnist10"}
     assert report["mnist10"]["settings"]["digits"] == [0, 1]
     assert 0.0 <= report["mnist10"]["models"]["svgp-rbf"]["test_error"] <= 1.0
+
+
+@pytest.mark.parametrize("error, judged", [(0.49, False), (0.05, True), (float("nan"), False)])
+def test_a_reproduction_goal_line_needs_every_compared_model_above_chance(error, judged):
+    """The classification reproductions' goal lines (conv, invariance, TICK): a model at chance (binary, 49 % error
+    on 200 points) or with a non-finite score makes the line say why it cannot be judged instead of yes / no."""
+    summarise = _load("summarise")
+    experiment = {"settings": {"dataset": "rectangles", "num_train": 100, "num_test": 200, "patch_shape": [3, 3],
+                               "learning_rate": 0.01, "batch_size": 50, "steps": 10},
+                  "models": {"conv": {"num_inducing": 16, "test_error": error, "test_nlpp": 0.3, "elbo": -10.0, "elbo_stderr": 0.1,
+                                      "s_per_step": 0.01},
+                             "weighted-conv": {"num_inducing": 16, "test_error": 0.02, "test_nlpp": 0.1, "elbo": -5.0,
+                                               "elbo_stderr": 0.1, "s_per_step": 0.01}},
+                  "goal": {"text": "weighted-conv beats conv", "met": True}}
+    text = "\n".join(summarise.FORMATTERS["reproduce_conv"]({"experiments": {"rectangles": experiment}}))
+    assert ("cannot be judged" in text) is not judged and ("**yes**" in text) is judged
