@@ -66,7 +66,6 @@ from numpyro.distributions import constraints
 from numpyro.distributions.transforms import biject_to
 
 from gpzoo.inference.exact import collapsed_elbo, exact_log_marginal, svgp_elbo, whitened_moments
-from gpzoo.inference.linalg import cholesky_with_jitter
 from gpzoo.models.errors import DataError, InvalidArgumentError, as_float_array, check_integer, unknown_name_message
 from gpzoo.models.kernels.base import Fixed
 from gpzoo.models.grammar import (
@@ -853,19 +852,17 @@ class SearchResult:
     def _svgp_decomposition(self, X_new, full_cov: bool) -> list[dict]:
         kernel = self.kernel()
         Z, q_mu, q_sqrt = self._variational()
-        Luu, _ = cholesky_with_jitter(kernel.K(Z), 1e-6)  # [M, M], the jitter of whitened_moments
         parts = kernel.kernels if isinstance(self.expression, Add) else (kernel,)
         out = []
         for expression, part in zip(summands(self.expression), parts):
-            B = jax.scipy.linalg.solve_triangular(Luu, part.K(Z, X_new), lower=True)  # [M, N*]
-            SB = q_sqrt.T @ B  # [M, N*]
+            mean, cov = whitened_moments(kernel, Z, q_mu, q_sqrt, X_new, component=part, full_cov=full_cov)
             entry: dict[str, Any] = {"expression": str(expression), "description": describe(expression, part),
-                                     "mean": np.asarray(B.T @ q_mu)}
+                                     "mean": np.asarray(mean)}
             if full_cov:
-                entry["cov"] = np.asarray(part.K(X_new) - B.T @ B + SB.T @ SB)
+                entry["cov"] = np.asarray(cov)
                 entry["var"] = np.diag(entry["cov"]).copy()
             else:
-                entry["var"] = np.asarray(part.K_diag(X_new) - jnp.sum(B**2, axis=0) + jnp.sum(SB**2, axis=0))
+                entry["var"] = np.asarray(cov)
             out.append(entry)
         return out
 

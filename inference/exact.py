@@ -107,14 +107,20 @@ def optimal_q(kernel, noise_variance, Z, X, y, *, whiten: bool = True, jitter: f
     return m[None], S_sqrt[None]
 
 
-def whitened_moments(kernel, Z, q_mu, q_sqrt, X, jitter: float = 1e-6):
-    """Mean and variance ``[N]`` of q(f(X)) = ∫ p(f | u) q(u) du for whitened q(v) = N(q_mu, q_sqrt q_sqrtᵀ),
-    u = Luu v (q_mu ``[M]``, q_sqrt ``[M, M]`` lower triangular): mean Aᵀm, variance
-    k(x, x) − ‖a_x‖² + ‖Sᵀa_x‖² with A = Luu⁻¹ Kuf."""
+def whitened_moments(kernel, Z, q_mu, q_sqrt, X, jitter: float = 1e-6, *, component=None, full_cov: bool = False):
+    """Mean ``[N]`` and variance ``[N]`` (``full_cov``: covariance ``[N, N]``) of q(f(X)) = ∫ p(f | u) q(u) du
+    for whitened q(v) = N(q_mu, q_sqrt q_sqrtᵀ), u = Luu v (q_mu ``[M]``, q_sqrt ``[M, M]`` lower
+    triangular): mean Aᵀm, covariance K(X, X) − AᵀA + AᵀSSᵀA with A = Luu⁻¹ K(Z, X).
+
+    ``component``: a summand k_i of ``kernel``; then q(f_i(X)) of that additive component through the
+    same inducing outputs u = f(Z): A = Luu⁻¹ K_i(Z, X) and K_i(X, X) in place of K's (Luu stays the sum's)."""
+    part = kernel if component is None else component
     Luu, _ = cholesky_with_jitter(kernel.K(Z), jitter)  # [M, M]
-    A = solve_triangular(Luu, kernel.K(Z, X), lower=True)  # [M, N]
+    A = solve_triangular(Luu, part.K(Z, X), lower=True)  # [M, N]
     SA = q_sqrt.T @ A  # [M, N]
-    return A.T @ q_mu, kernel.K_diag(X) - jnp.sum(A**2, axis=0) + jnp.sum(SA**2, axis=0)
+    if full_cov:
+        return A.T @ q_mu, part.K(X) - A.T @ A + SA.T @ SA
+    return A.T @ q_mu, part.K_diag(X) - jnp.sum(A**2, axis=0) + jnp.sum(SA**2, axis=0)
 
 
 def whitened_kl(q_mu, q_sqrt):

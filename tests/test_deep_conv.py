@@ -223,13 +223,25 @@ def test_full_sampling_model_has_every_between_patch_covariance():
             np.testing.assert_allclose(got, expected, atol=1e-5 * np.max(np.abs(R)))
 
 
-@pytest.mark.parametrize("scheme", ["marginal", "full"])
-def test_each_hidden_sampling_scheme_fits_and_predicts(scheme):
+@pytest.mark.parametrize("scheme, precision", [("marginal", "float32"), ("full", "float64")], indirect=["precision"])
+def test_each_hidden_sampling_scheme_fits_predicts_and_compiles_once(scheme, precision):
+    """Each scheme fits and predicts; a second fit (other data, seed, steps, learning rate) and a prediction on
+    another number of rows compile nothing: the scheme is part of the programs' key, not a value baked in."""
+    from gpzoo.inference import predict
+    from gpzoo.inference.programs import CompileCounter
+
     X, y = _data()
     res = fit(_spec("deep-tick", num_layers=2, hidden_sampling=scheme), X, y, steps=5, progress=False)
     assert res.spec.kernel.sampling == scheme and np.all(np.isfinite(res.objective_history))
-    probs = np.asarray(__import__("gpzoo").inference.predict(res, X[:4]).probs)
+    assert res.params["q_mu"].dtype == np.dtype(precision)
+    probs = np.asarray(predict(res, X[:4]).probs)
     assert probs.shape[0] == 4 and np.all((probs >= 0) & (probs <= 1))
+    X2, y2 = _data(seed=1)
+    with CompileCounter() as counter:
+        again = fit(_spec("deep-tick", num_layers=2, hidden_sampling=scheme), X2, y2, steps=8, seed=3, learning_rate=0.02,
+                    progress=False)
+        predict(again, X2[:7])
+    assert counter.count == 0
 
 
 # ----------------------------------------------------------------------------- options and errors

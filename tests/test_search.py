@@ -509,3 +509,18 @@ def test_the_cli_searches_labels_with_the_bernoulli_likelihood(tmp_path):
     summary = json.loads((out / "search.json").read_text())
     assert summary["score"] == "bic-svgp" and summary["settings"]["likelihood"].startswith("Bernoulli")
     assert "−2 ELBO + p log N" in (out / "report.html").read_text() and (out / "figures" / "fit.png").stat().st_size > 0
+
+
+def test_a_second_bernoulli_search_of_the_same_shapes_compiles_nothing(float32):
+    """The likelihood is part of the SVGP score's program key by value: other labels, inputs and seed on the same
+    shapes reuse every program (float32, the library default)."""
+    from gpzoo.inference.programs import CompileCounter
+    from gpzoo.models.likelihoods import Bernoulli
+
+    x, y = _labels(n=60)
+    first = search(x, y, depth=1, bases=["SE", "Per"], likelihood=Bernoulli(), restarts=2, steps=8, progress=False)
+    assert first.score == "bic-svgp" and np.isfinite(first.best.score)
+    with CompileCounter() as counter:
+        search(x + 0.5, _labels(n=60, seed=3)[1], depth=1, bases=["SE", "Per"], likelihood=Bernoulli(), restarts=2,
+               steps=8, seed=2, progress=False)
+    assert counter.count == 0
