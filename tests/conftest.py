@@ -17,6 +17,26 @@ def _x64_as_it_was():
         jax.config.update("jax_enable_x64", previous)
 
 
+@pytest.fixture(autouse=True)
+def _signals_as_they_were():
+    """Every test leaves the SIGINT / SIGTERM handlers and the signal mask as it found them, installed
+    again at the C level: a test that starts Ray in its worker (whose native threads can replace the
+    process's SIGINT action behind Python's back) would otherwise leave a later test's Ctrl-C unheard."""
+    import signal  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    for sig, handler in handlers.items():
+        if handler is not None:
+            signal.signal(sig, handler)
+
+
 @pytest.fixture(params=["float32", "float64"])
 def precision(request):
     """Run the test body with ``jax_enable_x64`` off (float32, the library default) or on (restored after

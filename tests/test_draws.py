@@ -30,14 +30,17 @@ def test_draws_work_inside_jit_and_vmap_with_traced_keys():
     np.testing.assert_array_equal(ours, theirs)
 
 
-def test_a_rank_four_draw_compiles_faster_than_jax_randoms_own():
+def test_a_rank_four_draw_compiles_faster_than_jax_randoms_own(without_suite_compilation_cache):
     """The reason the module exists: XLA's compile time of shaped bits grows with the rank (about 3 s against
-    0.16 s here for [3, 3, 16, 16]); the flat program must compile at least 3x faster."""
+    0.16 s here for [3, 3, 16, 16]); the flat program must compile at least 3x faster. Each is compiled for
+    real (no persistent cache to read it back from), twice, interleaved, and the faster of each pair is
+    compared, so that a burst of load on a shared machine does not decide the comparison."""
     key, shape = jax.random.PRNGKey(0), (3, 3, 16, 16)
 
     def compile_seconds(fn):
         start = time.perf_counter()
-        jax.jit(lambda k: jnp.sum(fn(k, shape))).lower(key).compile()
+        jax.jit(lambda k: jnp.sum(fn(k, shape))).lower(key).compile()  # a new function: never JAX's in-memory cache
         return time.perf_counter() - start
 
-    assert 3 * compile_seconds(draws.normal) < compile_seconds(jax.random.normal)
+    ours, theirs = zip(*[(compile_seconds(draws.normal), compile_seconds(jax.random.normal)) for _ in range(2)])
+    assert 3 * min(ours) < min(theirs), (ours, theirs)
