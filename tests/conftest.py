@@ -154,12 +154,30 @@ SLOW_MODULES = {
 ONE_BY_ONE = ("test_contract.py",)
 
 
+#: Set in the child process that runs the ``ray_process`` tests (there they run, in that process).
+RAY_CHILD = "GPZOO_RAY_CASES_CHILD"
+#: The test that runs the ``ray_process`` tests of this run in a child process of their own.
+RAY_WRAPPER = "test_the_ray_cases_pass_in_a_process_of_their_own"
+#: Node ids of the ``ray_process`` tests handed to :data:`RAY_WRAPPER` in this run.
+RAY_CASES = pytest.StashKey[list]()
+
+
 def pytest_collection_modifyitems(config, items):
-    """Modules of :data:`SLOW_MODULES` first, longest first; a module's tests stay together and in order."""
+    """Modules of :data:`SLOW_MODULES` first, longest first; a module's tests stay together and in order.
+
+    Where :data:`RAY_WRAPPER` is collected too, the ``ray_process`` tests are deselected here and run by
+    it, all in one child pytest process: Ray leaves threads and a SIGTERM handler behind in the process
+    that started it, after which a test worker can crash in a later, unrelated test."""
     def cost(item):
         return -SLOW_MODULES.get(item.path.name, 0)
 
     items[:] = sorted(items, key=cost)  # stable: collection order within a module and among the others
+    if not os.environ.get(RAY_CHILD) and any(item.name == RAY_WRAPPER for item in items):
+        in_child = [item for item in items if item.get_closest_marker("ray_process")]
+        if in_child:
+            config.stash[RAY_CASES] = [item.nodeid for item in in_child]
+            config.hook.pytest_deselected(items=in_child)
+            items[:] = [item for item in items if not item.get_closest_marker("ray_process")]
 
 
 @pytest.hookimpl(optionalhook=True)
