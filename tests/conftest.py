@@ -37,6 +37,33 @@ def _signals_as_they_were():
             signal.signal(sig, handler)
 
 
+#: Memory mappings a test worker may hold before its compiled programs are dropped (Linux's default
+#: limit, vm.max_map_count, is 65,530). Each XLA executable on the CPU holds several mappings, and a worker
+#: that has compiled the programs of hundreds of tests passes the limit: an mmap then fails and the
+#: process dies in whichever test compiles next.
+MAX_MAPPINGS = int(os.environ.get("GPZOO_TEST_MAX_MAPPINGS", "30000"))
+
+
+def _mappings() -> int:
+    try:
+        with open("/proc/self/maps") as maps:
+            return sum(1 for _ in maps)
+    except OSError:  # not Linux
+        return 0
+
+
+@pytest.fixture(autouse=True)
+def _mappings_bounded():
+    """After a test that leaves its worker above :data:`MAX_MAPPINGS` memory mappings, JAX's compiled
+    programs are dropped (the persistent cache of the run still serves them to later tests)."""
+    yield
+    if _mappings() > MAX_MAPPINGS:
+        import gc  # noqa: PLC0415
+
+        jax.clear_caches()
+        gc.collect()
+
+
 @pytest.fixture(params=["float32", "float64"])
 def precision(request):
     """Run the test body with ``jax_enable_x64`` off (float32, the library default) or on (restored after
