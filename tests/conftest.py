@@ -17,24 +17,37 @@ def _x64_as_it_was():
         jax.config.update("jax_enable_x64", previous)
 
 
+def signal_state():
+    """This thread's SIGINT / SIGTERM handlers and signal mask."""
+    import signal  # noqa: PLC0415
+
+    return {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}, signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def restore_signals(state) -> None:
+    """Install the handlers and mask of :func:`signal_state` again (the handlers at the C level too)."""
+    import signal  # noqa: PLC0415
+
+    handlers, mask = state
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    for sig, handler in handlers.items():
+        if handler is not None:
+            signal.signal(sig, handler)
+
+
 @pytest.fixture(autouse=True)
 def _signals_as_they_were():
-    """Every test leaves the SIGINT / SIGTERM handlers and the signal mask as it found them, installed
-    again at the C level: a test that starts Ray in its worker (whose native threads can replace the
-    process's SIGINT action behind Python's back) would otherwise leave a later test's Ctrl-C unheard."""
-    import signal  # noqa: PLC0415
+    """Every test leaves the SIGINT / SIGTERM handlers and the signal mask as it found them: ``ray.init``
+    installs a SIGTERM handler that ``ray.shutdown`` leaves in place, and a test that changes them would
+    otherwise change what a later test on its worker sees."""
     import threading  # noqa: PLC0415
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    state = signal_state()
     yield
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    for sig, handler in handlers.items():
-        if handler is not None:
-            signal.signal(sig, handler)
+    restore_signals(state)
 
 
 #: Memory mappings a test worker may hold before its compiled programs are dropped (Linux's default
@@ -181,30 +194,12 @@ SLOW_MODULES = {
 ONE_BY_ONE = ("test_contract.py",)
 
 
-#: Set in the child process that runs the ``ray_process`` tests (there they run, in that process).
-RAY_CHILD = "GPZOO_RAY_CASES_CHILD"
-#: The test that runs the ``ray_process`` tests of this run in a child process of their own.
-RAY_WRAPPER = "test_the_ray_cases_pass_in_a_process_of_their_own"
-#: Node ids of the ``ray_process`` tests handed to :data:`RAY_WRAPPER` in this run.
-RAY_CASES = pytest.StashKey[list]()
-
-
 def pytest_collection_modifyitems(config, items):
-    """Modules of :data:`SLOW_MODULES` first, longest first; a module's tests stay together and in order.
-
-    Where :data:`RAY_WRAPPER` is collected too, the ``ray_process`` tests are deselected here and run by
-    it, all in one child pytest process: Ray leaves threads and a SIGTERM handler behind in the process
-    that started it, after which a test worker can crash in a later, unrelated test."""
+    """Modules of :data:`SLOW_MODULES` first, longest first; a module's tests stay together and in order."""
     def cost(item):
         return -SLOW_MODULES.get(item.path.name, 0)
 
     items[:] = sorted(items, key=cost)  # stable: collection order within a module and among the others
-    if not os.environ.get(RAY_CHILD) and any(item.name == RAY_WRAPPER for item in items):
-        in_child = [item for item in items if item.get_closest_marker("ray_process")]
-        if in_child:
-            config.stash[RAY_CASES] = [item.nodeid for item in in_child]
-            config.hook.pytest_deselected(items=in_child)
-            items[:] = [item for item in items if not item.get_closest_marker("ray_process")]
 
 
 @pytest.hookimpl(optionalhook=True)

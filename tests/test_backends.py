@@ -19,6 +19,8 @@ from gpzoo.analysis.cli import main
 from gpzoo.inference.tasks import compile_cache
 from gpzoo.models.errors import InvalidArgumentError
 from conftest import TINY_CLI
+from conftest import restore_signals as _restore
+from conftest import signal_state as _signals
 
 # the backends' own compilation cache is under test here: the suite's is off (conftest)
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning"),
@@ -26,17 +28,6 @@ pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning", "ignore::Depreca
 
 RAY_REASON = 'Ray is an optional extra: pip install "gpzoo[ray]"'
 TINY = {"steps": 6, "batch_size": 20, "num_train": 40, "num_test": 30, "num_inducing": 5, "num_draws": 30}
-
-
-def _signals():
-    return {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}, signal.pthread_sigmask(signal.SIG_BLOCK, [])
-
-
-def _restore(state):
-    handlers, mask = state
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    for sig, handler in handlers.items():
-        signal.signal(sig, handler)
 
 
 @pytest.fixture(scope="module")
@@ -191,32 +182,6 @@ def test_compile_cache_leaves_a_callers_own_cache_alone(tmp_path):
     assert jax.config.jax_compilation_cache_dir is None and jax.config.jax_compilation_cache_max_size == -1
 
 
-def test_the_ray_cases_pass_in_a_process_of_their_own(request, tmp_path):
-    """The tests marked ``ray_process`` (here and in the search's tests) start Ray in their own process,
-    and Ray leaves about ten of its threads (gRPC, its event engine, the GCS client) and its SIGTERM
-    handler behind after ``ray.shutdown``: a test worker that ran them can crash in a later, unrelated
-    test. In a run that collects this test they are deselected from the workers and run here, all in
-    one child pytest process, and every one of them must pass there."""
-    import re  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
-    from conftest import RAY_CASES, RAY_CHILD  # noqa: PLC0415
-
-    pytest.importorskip("ray", reason=RAY_REASON)
-    cases = request.config.stash.get(RAY_CASES, [])
-    if not cases:
-        pytest.skip("no ray_process test is selected in this run, or each runs in the process that selected it")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))} | {RAY_CHILD: "1"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "child"),
-                           *cases], cwd=request.config.rootpath, env=env, capture_output=True, text=True, timeout=1200)
-    output = proc.stdout[-6000:] + proc.stderr[-3000:]
-    assert proc.returncode == 0, output
-    passed = re.search(r"(\d+) passed", proc.stdout)
-    assert passed and int(passed.group(1)) == len(cases), output
-
-
-@pytest.mark.ray_process
 def test_ray_leaves_the_interrupt_handlers_as_it_found_them(_ray_module):
     """After a Ray run that started its own instance, Ctrl-C still raises KeyboardInterrupt in this
     process (fit's checkpointing relies on it)."""
@@ -234,7 +199,6 @@ def test_ray_leaves_the_interrupt_handlers_as_it_found_them(_ray_module):
         signal.raise_signal(signal.SIGINT)
 
 
-@pytest.mark.ray_process
 def test_ray_backend_matches_sequential_bit_for_bit(tmp_path, local_ray):
     assert _compare(tmp_path / "seq") == 0
     assert _compare(tmp_path / "ray", "--backend", "ray", "--cpus-per-fit", "1") == 0
@@ -254,7 +218,6 @@ def test_ray_backend_matches_sequential_bit_for_bit(tmp_path, local_ray):
     assert not (tmp_path / "ray" / "checkpoints").exists()  # checkpoints and compilation cache removed
 
 
-@pytest.mark.ray_process
 def test_ray_api_equals_sequential_api_bit_for_bit(tmp_path, local_ray):
     """gpzoo.compare(..., backend="ray"), one model × two seeds: the same fits (every parameter, the
     ELBO trace) and ELBO table on Ray as here."""
@@ -311,7 +274,6 @@ def troubled_ray_run(tmp_path_factory, _ray_module):
     return tmp_path, good, bad, failure.value, done
 
 
-@pytest.mark.ray_process
 def test_a_failing_ray_task_is_named_and_the_others_are_kept(troubled_ray_run):
     tmp_path, good, bad, failure, done = troubled_ray_run
     assert str(failure).startswith("1 of 3 fit(s) failed twice on Ray")
@@ -322,7 +284,6 @@ def test_a_failing_ray_task_is_named_and_the_others_are_kept(troubled_ray_run):
     assert (tmp_path / "ck" / COMPILE_CACHE).is_dir()  # the run stopped early: its cache is kept for --resume
 
 
-@pytest.mark.ray_process
 def test_a_task_whose_actor_dies_is_retried_on_a_fresh_actor(troubled_ray_run):
     """The worker process of the only actor is killed after its first fit: the next task, sent to
     the dead actor, runs again on a fresh one, and so do the tasks after it (the same run as above)."""

@@ -332,7 +332,6 @@ def test_verdict_names_the_winner_and_the_evidence():
     assert delta > 10 and "very strong evidence" in text
 
 
-@pytest.mark.ray_process
 def test_the_ray_backend_gives_the_sequential_results_bit_for_bit():
     pytest.importorskip("ray")
     import ray
