@@ -34,6 +34,18 @@ one thread per CPU it may run on. Writes ``benchmarks/results/gpflow_side_by_sid
     python benchmarks/gpflow_side_by_side.py [--configs rectangles,mnist10] [--steps 600]
         [--timed 100] [--chunk 20] [--no-install] [--quick] [--out PATH]
 
+**Equal steps.** ``--models conv,weighted-conv`` fits plain conv too (patch weights fixed at 1 in
+both: ``set_trainable(weights, False)`` in GPflow); ``--evaluate-at 100,300`` also evaluates both
+after those step counts (test error, NLPP and the full-data ELBO, which each framework computes on
+all training images); ``--seeds K`` repeats each run with K seeds (other initial patches and
+minibatch order). ``--link`` chooses the binary likelihood: ``logit`` (default; both exact and
+stable), ``probit-exact`` (log Φ((2y − 1) f) in both) or ``probit``, GPflow's own ``Bernoulli()``,
+whose Φ is squeezed into [0.001, 0.999] so its log-likelihood is bounded below by log 0.001 and its
+gradient vanishes where a point is confidently wrong; gpzoo's probit is exact in every case::
+
+    python benchmarks/gpflow_side_by_side.py --configs rectangles --models conv,weighted-conv \
+        --link logit --steps 300 --evaluate-at 100 --seeds 2 --out benchmarks/results/gpflow_equal_steps_logit.json
+
 If GPflow cannot be installed or imported, the GPflow half is skipped with the reason in the
 JSON (``"gpflow": {"skipped": true, "reason": ...}``) and gpzoo still runs.
 """
@@ -41,6 +53,7 @@ JSON (``"gpflow": {"skipped": true, "reason": ...}``) and gpzoo still runs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -56,6 +69,17 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpflow_side_by_side.json"
 GPFLOW_REQUIREMENTS = ["gpflow==2.11.*", "tensorflow==2.19.*", "tf-keras==2.19.*", "tensorflow-probability==0.25.*"]
 MARK = "@@"  # prefix of protocol lines on a worker's stdout (libraries may print too)
+
+#: Zoo models both frameworks fit: weights trained (GPflow's default) or fixed at 1 (``set_trainable(weights, False)``).
+MODELS = ("weighted-conv", "conv")
+#: Bernoulli links of the binary configuration and the likelihood each gives GPflow (gpzoo's are exact):
+#: ``probit`` is GPflow's default ``Bernoulli()``, whose inverse link is squeezed into [1e-3, 1 - 1e-3]
+#: (``gpflow.likelihoods.utils.inv_probit``), so log p(y | f) >= log 1e-3 where gpzoo's log Φ is unbounded;
+#: ``probit-exact`` gives GPflow gpzoo's log Φ((2y - 1) f) (:func:`_exact_probit_bernoulli`).
+LINKS = ("logit", "probit", "probit-exact")
+GPFLOW_LIKELIHOOD = {"logit": "log σ((2y − 1) f), stable (as gpzoo's)",
+                     "probit": "GPflow's Bernoulli(): Φ(f) squeezed into [0.001, 0.999]",
+                     "probit-exact": "log Φ((2y − 1) f), stable (as gpzoo's)"}
 
 CONFIGS = {
     "rectangles": dict(dataset="rectangles", load={}, patch=3, M=16, batch=100, task="binary", num_classes=None),
@@ -94,8 +118,12 @@ def ensure_gpflow(install: bool) -> tuple[str | None, str]:
 
 
 # ============================================================================ shared problem
-def make_problem(name: str, steps: int, seed: int, quick: bool, directory: Path) -> dict:
-    """Data, initial inducing patches and hyperparameters, minibatch indices -> an .npz both workers read."""
+def make_problem(name: str, steps: int, seed: int, quick: bool, directory: Path, model: str = "weighted-conv",
+                 link: str = "logit") -> dict:
+    """Data, initial inducing patches and hyperparameters, minibatch indices -> an .npz both workers read.
+
+    ``model`` is ``weighted-conv`` (patch weights trained in both frameworks) or ``conv`` (weights fixed
+    at 1); ``link`` is the Bernoulli link of a binary configuration (``logit`` or ``probit``)."""
     import jax  # noqa: PLC0415
 
     from gpzoo.analysis import datasets  # noqa: PLC0415
@@ -112,16 +140,23 @@ def make_problem(name: str, steps: int, seed: int, quick: bool, directory: Path)
                    num_inducing=cfg["M"])
     if cfg["num_classes"]:
         options["num_classes"] = cfg["num_classes"]
-    spec = zoo.get("weighted-conv", **options)
+    if model not in MODELS:
+        raise SystemExit(f"--models: unknown model {model!r}; choose from {', '.join(MODELS)}")
+    if link not in LINKS:
+        raise SystemExit(f"--link: unknown link {link!r}; choose from {', '.join(LINKS)}")
+    spec = zoo.get(model, **options)
     inducing = initialise_inducing(spec.inducing, spec.kernel, X.astype(np.float32), cfg["M"], jax.random.PRNGKey(seed), "random")
     base = spec.kernel.base_kernel
     rng = np.random.default_rng(seed)
     N = X.shape[0]
     idx = np.stack([rng.permutation(N)[: cfg["batch"]] for _ in range(steps)])  # [steps, B]
-    path = directory / f"{name}.npz"
+    path = directory / f"{name}-{model}-{seed}.npz"
     np.savez(path, X=X.astype(np.float32), y=y, Xt=Xt.astype(np.float32), yt=yt, Z=np.asarray(inducing.Z, np.float32),
              idx=idx, lengthscale=np.float32(base.lengthscale), variance=np.float32(base.variance))
-    return {"problem": str(path), "config": name, "image_shape": list(ds.image_shape), "patch": cfg["patch"],
+    binary = cfg["task"] == "binary"
+    return {"problem": str(path), "config": name, "model": model, "link": link if binary else None,
+            "gpflow_likelihood": GPFLOW_LIKELIHOOD[link] if binary else "MultiClass (RobustMax, ε = 1e-3), as gpzoo's",
+            "seed": seed, "image_shape": list(ds.image_shape), "patch": cfg["patch"],
             "M": cfg["M"], "batch": cfg["batch"], "task": cfg["task"], "num_classes": cfg["num_classes"],
             "N_train": int(N), "N_test": int(Xt.shape[0]), "steps": steps,
             "init": {"lengthscale": float(base.lengthscale), "variance": float(base.variance), "weights": 1.0,
@@ -167,6 +202,30 @@ def _logit_bernoulli(gpflow, tf):
     return LogitBernoulli(invlink=tf.sigmoid)
 
 
+def _exact_probit_bernoulli(gpflow, tf):
+    """GPflow's Bernoulli with gpzoo's probit log-density log Φ((2y − 1) f) (no squeeze into [1e-3, 1 − 1e-3]).
+
+    Predictions stay analytic, Φ(μ / √(1 + σ²)), as GPflow's default probit and gpzoo's."""
+    import tensorflow_probability as tfp  # noqa: PLC0415
+    from check_shapes import inherit_check_shapes  # noqa: PLC0415
+
+    class ExactProbitBernoulli(gpflow.likelihoods.Bernoulli):
+        @inherit_check_shapes
+        def _scalar_log_prob(self, X, F, Y):
+            return tfp.math.log_ndtr((2.0 * Y - 1.0) * F)
+
+        @inherit_check_shapes
+        def _predict_mean_and_var(self, X, Fmu, Fvar):
+            p = tfp.distributions.Normal(tf.zeros_like(Fmu), tf.ones_like(Fmu)).cdf(Fmu / tf.sqrt(1.0 + Fvar))
+            return p, p - tf.square(p)
+
+        @inherit_check_shapes
+        def _predict_log_density(self, X, Fmu, Fvar, Y):
+            return tf.reduce_sum(tfp.math.log_ndtr((2.0 * Y - 1.0) * Fmu / tf.sqrt(1.0 + Fvar)), axis=-1)
+
+    return ExactProbitBernoulli()
+
+
 class GPflowRun:
     """GPflow 2.11 SVGP with ``gpflow.kernels.Convolutional`` + ``InducingPatches`` (runs in the GPflow venv)."""
 
@@ -188,8 +247,12 @@ class GPflowRun:
         p = job["patch"]
         base = gpflow.kernels.SquaredExponential(variance=float(data["variance"]), lengthscales=float(data["lengthscale"]))
         kernel = gpflow.kernels.Convolutional(base, list(job["image_shape"]), [p, p])
+        if job.get("model", "weighted-conv") == "conv":  # plain conv: every patch weight 1, not trained
+            gpflow.set_trainable(kernel.weights, False)
         if job["task"] == "binary":
-            likelihood = _logit_bernoulli(gpflow, tf)
+            link = job.get("link") or "logit"
+            likelihood = {"probit": gpflow.likelihoods.Bernoulli, "probit-exact": lambda: _exact_probit_bernoulli(gpflow, tf),
+                          "logit": lambda: _logit_bernoulli(gpflow, tf)}[link]()
             num_latent = 1
             self.Y = tf.constant(self.y.reshape(-1, 1).astype(np.float32))
         else:
@@ -229,12 +292,15 @@ class GPflowRun:
             logp.append(self.model.predict_log_density((Xc, Yc)).numpy())
         probs, logp = np.concatenate(probs), np.concatenate(logp)
         ls = self.model.kernel.base_kernel.lengthscales.numpy()
-        return {**_scores(probs, self.yt, job["task"]), "test_nlpp": float(-np.mean(logp)),
+        N = int(self.X.shape[0])  # num_data=N scales each part's ELBO to N: their mean weighted by size is the full-data ELBO
+        elbo = sum(float(self.model.elbo((self.X[s:s + 400], self.Y[s:s + 400])).numpy()) * min(400, N - s)
+                   for s in range(0, N, 400)) / N
+        return {**_scores(probs, self.yt, job["task"]), "test_nlpp": float(-np.mean(logp)), "elbo": elbo,
                 "lengthscale": float(np.mean(ls)), "variance": float(self.model.kernel.base_kernel.variance.numpy())}
 
 
 class GpzooRun:
-    """gpzoo ``weighted-conv`` SVGP, one jit-compiled SVI update per step (as ``fit`` runs it)."""
+    """gpzoo ``weighted-conv`` or ``conv`` SVGP, one jit-compiled SVI update per step (as ``fit`` runs it)."""
 
     def __init__(self, job: dict, threads: int):
         import jax  # noqa: PLC0415
@@ -248,6 +314,7 @@ class GpzooRun:
         from gpzoo.inference.fit import build_family  # noqa: PLC0415
         from gpzoo.inference.inducing import InducingPatches  # noqa: PLC0415
         from gpzoo.models import zoo  # noqa: PLC0415
+        from gpzoo.models.zoo_core import likelihood_from_name  # noqa: PLC0415
 
         data = np.load(job["problem"])
         self.jax, self.jnp = jax, jnp
@@ -256,7 +323,10 @@ class GpzooRun:
                        lengthscale=float(data["lengthscale"]), variance=float(data["variance"]))
         if job["num_classes"]:
             options["num_classes"] = job["num_classes"]
-        spec = zoo.get("weighted-conv", **options)
+        spec = zoo.get(job.get("model", "weighted-conv"), **options)
+        if job["task"] == "binary":
+            link = "logit" if (job.get("link") or "logit") == "logit" else "probit"  # gpzoo's probit is exact
+            spec = dataclasses.replace(spec, likelihood=likelihood_from_name(f"bernoulli-{link}", "binary"))
         inducing = InducingPatches(jnp.asarray(data["Z"]))
         self.family = build_family(spec, inducing, num_latent=spec.likelihood.num_latent(job["num_classes"]))
         self.svi = SVI(self.family.model, self.family.guide, optax_to_numpyro(optax.adam(0.01)), FastELBO())
@@ -267,6 +337,8 @@ class GpzooRun:
         self.state = jax.jit(lambda k: self.svi.init(k, X[:B], y[:B], num_data=N))(jax.random.PRNGKey(0))
         svi = self.svi
         self.step_fn = jax.jit(lambda state, batch: svi.update(state, X[batch], y[batch], num_data=N))
+        self.full_elbo = jax.jit(lambda state, part: -svi.evaluate(state, X[part], y[part], num_data=N))
+        self.N = N
         self.done = 0
 
     def step(self) -> float:
@@ -298,7 +370,9 @@ class GpzooRun:
             logp.append(np.asarray(out[1]))
             ls, var = out[2], out[3]
         probs, logp = np.concatenate(probs), np.concatenate(logp)
-        return {**_scores(probs, self.yt, job["task"]), "test_nlpp": float(-np.mean(logp)),
+        parts = np.array_split(np.arange(self.N), max(1, -(-self.N // 400)))  # num_data=N scales each part to N
+        elbo = sum(float(self.full_elbo(self.state, jnp.asarray(part))) * len(part) for part in parts) / self.N
+        return {**_scores(probs, self.yt, job["task"]), "test_nlpp": float(-np.mean(logp)), "elbo": elbo,
                 "lengthscale": float(np.mean(ls)), "variance": float(var)}
 
 
@@ -362,14 +436,17 @@ class Worker:
         self.log.close()
 
 
-def run_config(name: str, args, gpflow_python: str | None, directory: Path) -> dict:
-    job = make_problem(name, args.steps, args.seed, args.quick, directory)
-    job_path = directory / f"{name}.json"
+def run_config(name: str, args, gpflow_python: str | None, directory: Path, model: str = "weighted-conv",
+               seed: int | None = None) -> dict:
+    """One configuration, model and seed: both frameworks interleaved; evaluated at every ``--evaluate-at`` step count."""
+    seed = args.seed if seed is None else seed
+    job = make_problem(name, args.steps, seed, args.quick, directory, model, args.link)
+    job_path = directory / f"{name}-{model}-{seed}.json"
     job_path.write_text(json.dumps(job))
     cpus = sorted(os.sched_getaffinity(0))
-    workers = {"gpzoo": Worker("gpzoo", sys.executable, job_path, cpus, directory / f"{name}-gpzoo.log")}
+    workers = {"gpzoo": Worker("gpzoo", sys.executable, job_path, cpus, directory / f"{name}-{model}-{seed}-gpzoo.log")}
     if gpflow_python:
-        workers["gpflow"] = Worker("gpflow", gpflow_python, job_path, cpus, directory / f"{name}-gpflow.log")
+        workers["gpflow"] = Worker("gpflow", gpflow_python, job_path, cpus, directory / f"{name}-{model}-{seed}-gpflow.log")
     order = [k for k in ("gpflow", "gpzoo") if k in workers]
     times = {k: [] for k in order}
     losses = {k: [] for k in order}
@@ -379,21 +456,26 @@ def run_config(name: str, args, gpflow_python: str | None, directory: Path) -> d
     for k in order:
         losses[k] += warm[k]["losses"]
     done = args.warmup
+    checkpoints = sorted({c for c in args.evaluate_at if args.warmup < c < args.steps} | {args.steps})
+    evaluations = []  # at each checkpoint: {"steps": c, "gpzoo": {...}, "gpflow": {...}}
     while done < args.steps:  # interleaved rounds; the first args.timed steps after warm-up are timed
-        n = min(args.chunk, args.steps - done)
+        n = min(args.chunk, args.steps - done, next(c for c in checkpoints if c > done) - done)
         for k in order:
             reply = workers[k].ask(steps=n)
             losses[k] += reply["losses"]
             if done < args.warmup + args.timed:
                 times[k] += reply["times"][: args.warmup + args.timed - done]
         done += n
+        if done in checkpoints:
+            evaluations.append({"steps": done, **{k: workers[k].ask(evaluate=True) for k in order}})
     results = {}
     for k in order:
-        ev = workers[k].ask(evaluate=True)
+        ev = evaluations[-1][k]
         results[k] = {"median_step_s": float(np.median(times[k])), "step_s_quartiles": [float(np.percentile(times[k], q)) for q in (25, 75)],
                       "timed_steps": len(times[k]), "compile_first_step_s": compile_s[k], "setup_s": setup[k],
                       "final_loss_mean_last_20": float(np.mean(losses[k][-20:])), **ev}
         workers[k].close()
+    results["checkpoints"] = evaluations
     if "gpflow" in results:
         results["speed_ratio_gpflow_over_gpzoo"] = results["gpflow"]["median_step_s"] / results["gpzoo"]["median_step_s"]
         results["peak_rss_ratio_gpflow_over_gpzoo"] = results["gpflow"]["peak_rss_mb"] / results["gpzoo"]["peak_rss_mb"]
@@ -404,6 +486,12 @@ def run_config(name: str, args, gpflow_python: str | None, directory: Path) -> d
                                         "xla": f"one thread per CPU of {cpus}"}, **results}
 
 
+def result_key(config: str, model: str, seed: int, args) -> str:
+    """A run's key in ``results``: the config, then the model and seed where the run has several of them."""
+    key = config if args.models == "weighted-conv" else f"{config}/{model}"
+    return key if args.seeds == 1 else f"{key}/seed {seed}"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default="rectangles,mnist10")
@@ -412,6 +500,12 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--chunk", type=int, default=20, help="steps per framework per interleaved round")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="repeats with seeds --seed, --seed + 1, ... (initial patches and minibatch order differ)")
+    parser.add_argument("--models", default="weighted-conv", help=f"comma-separated, from {', '.join(MODELS)}")
+    parser.add_argument("--link", default="logit", choices=LINKS, help="Bernoulli link of the binary configuration")
+    parser.add_argument("--evaluate-at", default="",
+                        help="comma-separated step counts at which both are also evaluated (test error, NLPP, full-data ELBO)")
     parser.add_argument("--no-install", action="store_true", help="do not create the GPflow venv; skip GPflow if missing")
     parser.add_argument("--no-gpflow", action="store_true", help="gpzoo only")
     parser.add_argument("--quick", action="store_true", help="tiny sizes for a smoke test")
@@ -425,8 +519,10 @@ def main(argv=None):
     # the driver only: a worker may run in the GPflow environment, which has no JAX
     from _common import machine_info, now, write_json  # noqa: PLC0415
 
+    args.evaluate_at = [int(c) for c in args.evaluate_at.split(",") if c.strip()]
     if args.quick:
         args.steps, args.timed, args.warmup, args.chunk = 8, 4, 2, 2
+        args.evaluate_at = [c for c in args.evaluate_at if c < args.steps] or args.evaluate_at
     args.timed = min(args.timed, args.steps - args.warmup)
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "worker", "job", "cpus")}
 
@@ -441,16 +537,19 @@ def main(argv=None):
     report = {"date": now(), "settings": settings,
               "machine": {**machine_info(), "loadavg_before": load_before},
               "protocol": ("each framework in its own subprocess, interleaved in rounds of --chunk steps; median wall "
-                           "seconds per compiled training step after --warmup steps; test error / NLPP after --steps "
-                           "steps; peak RSS of each process"),
+                           "seconds per compiled training step after --warmup steps; test error / NLPP / full-data ELBO "
+                           "after --steps steps and at each --evaluate-at step count; peak RSS of each process"),
               "gpflow_env": {"venv": "$GPZOO_GPFLOW_VENV, default ~/.cache/gpzoo-gpflow-venv", "status": args.gpflow_reason,
                              "requirements": GPFLOW_REQUIREMENTS},
               "steps": args.steps, "timed": args.timed, "warmup": args.warmup, "chunk": args.chunk, "results": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.configs.split(","):
-            report["results"][name] = run_config(name, args, gpflow_python, Path(tmp))
-            r = report["results"][name]
-            line = f"{name}: gpzoo {r['gpzoo']['median_step_s'] * 1e3:.1f} ms/step err {r['gpzoo']['test_error']:.3f}"
+        runs = [(name, model, seed) for name in args.configs.split(",") for model in args.models.split(",")
+                for seed in range(args.seed, args.seed + args.seeds)]
+        for name, model, seed in runs:
+            key = result_key(name, model, seed, args)
+            report["results"][key] = run_config(name, args, gpflow_python, Path(tmp), model, seed)
+            r = report["results"][key]
+            line = f"{key}: gpzoo {r['gpzoo']['median_step_s'] * 1e3:.1f} ms/step err {r['gpzoo']['test_error']:.3f}"
             if not r["gpflow"].get("skipped"):
                 line += (f"; gpflow {r['gpflow']['median_step_s'] * 1e3:.1f} ms/step err {r['gpflow']['test_error']:.3f};"
                          f" ratio {r['speed_ratio_gpflow_over_gpzoo']:.2f}")

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -42,10 +43,12 @@ RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "results.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
+#: equal-step accuracy runs of gpflow_side_by_side.py (``--evaluate-at``), one file per Bernoulli link
+EQUAL_STEPS = ("gpflow_equal_steps_logit", "gpflow_equal_steps_probit-exact", "gpflow_equal_steps_probit")
 #: the order files appear in; files not listed follow alphabetically.
 ORDER = ("reproduce_conv", "reproduce_invariance", "reproduce_tick", "reproduce_tick_e3_marginal", "conv_kernels", "conv_kernels_mnist10", "conv_kernels_mnist10_tick",
          "svgp_scaling", "polya_gamma_throughput",
-         "invariance_toy", "gpflow_side_by_side", "pg_natgrad", "natgrad", "nuts_ess", "robustness_sweep", "shift_scale_sweep")
+         "invariance_toy", "gpflow_side_by_side", *EQUAL_STEPS, "pg_natgrad", "natgrad", "nuts_ess", "robustness_sweep", "shift_scale_sweep")
 TITLES = {
     "reproduce_conv": "van der Wilk et al. 2017 reproduction: convolutional GPs (`benchmarks/reproduce_conv.py`)",
     "kernel_search": "Kernel structure search on the statsmodels series, extrapolating the last 20 % (`benchmarks/kernel_search.py`)",
@@ -61,6 +64,9 @@ TITLES = {
     "invariance_toy": "Invariant GP on the symmetric toy function, van der Wilk et al. 2018, fig. 2 (`benchmarks/invariance_toy.py`)",
     "gpflow_side_by_side": "gpzoo against GPflow 2.11, weighted conv SVGP (`benchmarks/gpflow_side_by_side.py`)",
     "gpflow_side_by_side_mnist10_timing": "gpzoo against GPflow 2.11, MNIST-10 timing run (`benchmarks/gpflow_side_by_side.py`)",
+    "gpflow_equal_steps_logit": "gpzoo against GPflow 2.11 at equal steps, logit link (`benchmarks/gpflow_side_by_side.py --evaluate-at`)",
+    "gpflow_equal_steps_probit-exact": "gpzoo against GPflow 2.11 at equal steps, exact probit link in both (`benchmarks/gpflow_side_by_side.py --link probit-exact`)",
+    "gpflow_equal_steps_probit": "gpzoo against GPflow 2.11 at equal steps, GPflow's own probit Bernoulli (Φ squeezed into [0.001, 0.999]) against gpzoo's exact probit (`benchmarks/gpflow_side_by_side.py --link probit`)",
     "pg_natgrad": "Pólya–Gamma CAVI / natural gradients against Adam (`benchmarks/pg_natgrad.py`)",
     "natgrad": "Natural gradients on q(u) against Adam, beside GPJax's `fit_natgrads` (`benchmarks/natgrad.py`)",
     "nuts_ess": "NUTS on svgp-rbf: effective samples per second of the slowest hyperparameter, against GPflow's SGPMC (`benchmarks/nuts_ess.py`)",
@@ -354,6 +360,46 @@ def _gpflow_side_by_side(report: dict) -> list[str]:
                      num(ratio), pct(ours.get("test_error")), pct(ref.get("test_error"))])
     return ["", f"Median seconds per Adam step over {report.get('timed', '?')} timed steps. {provenance(report)}", ""] + \
         table(["config", "steps", "gpzoo s/step", "GPflow s/step", "GPflow / gpzoo", "gpzoo error", "GPflow error"], rows)
+
+
+def _spread(values: list) -> str:
+    """Mean of ``values`` (fractions shown as %), with their range when there are several."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "—"
+    mean = pct(statistics.fmean(values))
+    return mean if len(values) == 1 else f"{mean} ({pct(min(values))}–{pct(max(values))})"
+
+
+def _mean_num(values: list) -> str:
+    values = [v for v in values if v is not None]
+    return num(statistics.fmean(values)) if values else "—"
+
+
+def _gpflow_equal_steps(report: dict) -> list[str]:
+    """Error, NLPP and full-data ELBO of both frameworks at each evaluated step count, over seeds."""
+    groups: dict[tuple, list] = {}
+    for r in report["results"].values():
+        setting = r["setting"]
+        for point in r.get("checkpoints", []):
+            groups.setdefault((setting["config"], setting.get("model", "weighted-conv"), point["steps"]), []).append(point)
+    rows = []
+    for (config, model, steps), points in groups.items():
+        side = {k: [p.get(k) or {} for p in points] for k in ("gpzoo", "gpflow")}
+        rows.append([config, model, num(steps), num(len(points))]
+                    + [_spread([e.get("test_error") for e in side[k]]) for k in ("gpzoo", "gpflow")]
+                    + [_mean_num([e.get(m) for e in side[k]]) for m in ("test_nlpp", "elbo") for k in ("gpzoo", "gpflow")])
+    settings = report.get("settings") or {}
+    likelihoods = {r["setting"].get("gpflow_likelihood") for r in report["results"].values()} - {None}
+    intro = (f"Same data, initial inducing patches and hyperparameters, minibatch order and Adam 0.01 in both; Bernoulli "
+             f"link {settings.get('link', 'logit')} (GPflow's likelihood: {'; '.join(sorted(likelihoods)) or 'not recorded'}); "
+             f"error is the mean over seeds (range). {provenance(report)}")
+    return ["", intro, ""] + table(["config", "model", "steps", "seeds", "gpzoo error", "GPflow error", "gpzoo NLPP",
+                                    "GPflow NLPP", "gpzoo ELBO", "GPflow ELBO"], rows)
+
+
+for _name in EQUAL_STEPS:
+    formatter(_name)(_gpflow_equal_steps)
 
 
 @formatter("kernel_search")

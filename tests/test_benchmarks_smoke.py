@@ -97,6 +97,44 @@ def test_gpflow_side_by_side_quick(tmp_path):
         assert r["gpflow"]["timed_steps"] == 4 and r["speed_ratio_gpflow_over_gpzoo"] > 0
 
 
+@pytest.mark.slow
+def test_gpflow_side_by_side_evaluates_at_equal_steps(tmp_path):
+    """Plain conv with the probit link, evaluated after 4 and after all 8 steps: each checkpoint holds the
+    test error, NLPP and full-data ELBO of each framework that ran, and the last equals the final result."""
+    side = _load("gpflow_side_by_side")
+    out = tmp_path / "equal.json"
+    side.main(["--quick", "--no-install", "--configs", "rectangles", "--models", "conv", "--link", "probit",
+               "--evaluate-at", "4", "--out", str(out)])
+    r = json.loads(out.read_text())["results"]["rectangles/conv"]
+    assert (r["setting"]["model"], r["setting"]["link"]) == ("conv", "probit")
+    assert [c["steps"] for c in r["checkpoints"]] == [4, 8]
+    ran = [k for k in ("gpzoo", "gpflow") if not r[k].get("skipped")]
+    for point in r["checkpoints"]:
+        for k in ran:
+            assert 0.0 <= point[k]["test_error"] <= 1.0 and point[k]["test_nlpp"] > 0 and np.isfinite(point[k]["elbo"])
+    assert all(r["checkpoints"][-1][k]["elbo"] == r[k]["elbo"] for k in ran)
+    # 4 more Adam steps on the same minibatches change the bound (gpzoo's ELBO is deterministic here: fixed quadrature)
+    assert r["checkpoints"][0]["gpzoo"]["elbo"] != r["checkpoints"][1]["gpzoo"]["elbo"]
+
+
+def test_equal_steps_table_averages_seeds_per_step_count():
+    """The summary row of one (config, model, steps) is the mean over seeds with the range, per framework."""
+    summarise = _load("summarise")
+
+    def run(seed, errors):
+        return {"setting": {"config": "rectangles", "model": "conv", "seed": seed},
+                "checkpoints": [{"steps": steps, "gpzoo": {"test_error": e[0], "test_nlpp": 0.1, "elbo": -50.0},
+                                 "gpflow": {"test_error": e[1], "test_nlpp": 0.3, "elbo": -70.0}}
+                                for steps, e in zip((100, 300), errors)]}
+
+    report = {"settings": {"link": "logit"}, "results": {"a": run(0, [(0.10, 0.50), (0.02, 0.04)]),
+                                                         "b": run(1, [(0.20, 0.50), (0.04, 0.02)])}}
+    lines = summarise.FORMATTERS["gpflow_equal_steps_logit"](report)
+    rows = [line for line in lines if line.startswith("| rectangles")]
+    assert rows == ["| rectangles | conv | 100 | 2 | 15.00 % (10.00 %–20.00 %) | 50.00 % (50.00 %–50.00 %) | 0.1 | 0.3 | -50 | -70 |",
+                    "| rectangles | conv | 300 | 2 | 3.00 % (2.00 %–4.00 %) | 3.00 % (2.00 %–4.00 %) | 0.1 | 0.3 | -50 | -70 |"]
+
+
 def test_robustness_sweep_tiny(tmp_path, float32):
     sweep = _load("robustness_sweep")
     out = tmp_path / "robustness_sweep.json"
