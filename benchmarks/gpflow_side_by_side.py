@@ -209,19 +209,22 @@ def _exact_probit_bernoulli(gpflow, tf):
     import tensorflow_probability as tfp  # noqa: PLC0415
     from check_shapes import inherit_check_shapes  # noqa: PLC0415
 
+    def log_phi(x):  # log Φ(x), stable for large |x| (tfp's log_ndtr)
+        return tfp.distributions.Normal(tf.zeros_like(x), tf.ones_like(x)).log_cdf(x)
+
     class ExactProbitBernoulli(gpflow.likelihoods.Bernoulli):
         @inherit_check_shapes
         def _scalar_log_prob(self, X, F, Y):
-            return tfp.math.log_ndtr((2.0 * Y - 1.0) * F)
+            return log_phi((2.0 * Y - 1.0) * F)
 
         @inherit_check_shapes
         def _predict_mean_and_var(self, X, Fmu, Fvar):
-            p = tfp.distributions.Normal(tf.zeros_like(Fmu), tf.ones_like(Fmu)).cdf(Fmu / tf.sqrt(1.0 + Fvar))
+            p = tf.exp(log_phi(Fmu / tf.sqrt(1.0 + Fvar)))
             return p, p - tf.square(p)
 
         @inherit_check_shapes
         def _predict_log_density(self, X, Fmu, Fvar, Y):
-            return tf.reduce_sum(tfp.math.log_ndtr((2.0 * Y - 1.0) * Fmu / tf.sqrt(1.0 + Fvar)), axis=-1)
+            return tf.reduce_sum(log_phi((2.0 * Y - 1.0) * Fmu / tf.sqrt(1.0 + Fvar)), axis=-1)
 
     return ExactProbitBernoulli()
 

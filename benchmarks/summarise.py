@@ -44,7 +44,8 @@ PAGE = ROOT / "docs" / "results.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 #: equal-step accuracy runs of gpflow_side_by_side.py (``--evaluate-at``), one file per Bernoulli link
-EQUAL_STEPS = ("gpflow_equal_steps_logit", "gpflow_equal_steps_probit-exact", "gpflow_equal_steps_probit")
+EQUAL_STEPS = ("gpflow_equal_steps_logit", "gpflow_equal_steps_logit_3000", "gpflow_equal_steps_probit-exact",
+               "gpflow_equal_steps_probit")
 #: the order files appear in; files not listed follow alphabetically.
 ORDER = ("reproduce_conv", "reproduce_invariance", "reproduce_tick", "reproduce_tick_e3_marginal", "conv_kernels", "conv_kernels_mnist10", "conv_kernels_mnist10_tick",
          "svgp_scaling", "polya_gamma_throughput",
@@ -65,6 +66,7 @@ TITLES = {
     "gpflow_side_by_side": "gpzoo against GPflow 2.11, weighted conv SVGP (`benchmarks/gpflow_side_by_side.py`)",
     "gpflow_side_by_side_mnist10_timing": "gpzoo against GPflow 2.11, MNIST-10 timing run (`benchmarks/gpflow_side_by_side.py`)",
     "gpflow_equal_steps_logit": "gpzoo against GPflow 2.11 at equal steps, logit link (`benchmarks/gpflow_side_by_side.py --evaluate-at`)",
+    "gpflow_equal_steps_logit_3000": "gpzoo against GPflow 2.11 at equal steps up to 3,000, logit link (`benchmarks/gpflow_side_by_side.py --steps 3000 --evaluate-at 300,1000`)",
     "gpflow_equal_steps_probit-exact": "gpzoo against GPflow 2.11 at equal steps, exact probit link in both (`benchmarks/gpflow_side_by_side.py --link probit-exact`)",
     "gpflow_equal_steps_probit": "gpzoo against GPflow 2.11 at equal steps, GPflow's own probit Bernoulli (Φ squeezed into [0.001, 0.999]) against gpzoo's exact probit (`benchmarks/gpflow_side_by_side.py --link probit`)",
     "pg_natgrad": "Pólya–Gamma CAVI / natural gradients against Adam (`benchmarks/pg_natgrad.py`)",
