@@ -40,9 +40,10 @@ import math
 
 import jax
 import jax.numpy as jnp
-from numpyro.distributions import biject_to, constraints
+from numpyro.distributions import biject_to
 from numpyro.infer.svi import SVIState, _make_loss_fn
 
+from gpzoo.inference.guides import Q_SQRT
 from gpzoo.models.errors import InvalidArgumentError, check_real
 
 __all__ = ["NATGRAD", "WARMUP_END", "WARMUP_START", "WARMUP_STEPS", "check_natgrad_step", "check_natgrad_spec",
@@ -127,7 +128,7 @@ def natgrad_update(svi, state: SVIState, gamma, args, kwargs):
                             mutable_state=state.mutable_state)
     current = svi.constrain_fn(unconstrained)
     q_mu, q_sqrt = current["q_mu"], current["q_sqrt"]
-    sqrt_to_raw = biject_to(constraints.lower_cholesky).inv
+    sqrt_to_raw = biject_to(Q_SQRT).inv
 
     def loss_of(raw, eta1, eta2):
         second = eta2 - eta1[..., :, None] * eta1[..., None, :]

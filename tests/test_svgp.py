@@ -226,3 +226,34 @@ def test_gaussian_log_density_differentiates_as_the_plain_cholesky_expression(pr
     # batched, as the structure search evaluates its restarts
     batch = jax.vmap(jax.value_and_grad(gaussian_log_density))(jnp.stack([K, 2 * K]), jnp.stack([y, y]))
     np.testing.assert_allclose(batch[1][1], jax.grad(gaussian_log_density)(2 * K, y), rtol=rtol, atol=rtol)
+
+
+def test_q_sqrt_is_optimised_on_its_diagonal_not_its_logarithm(precision):
+    """q_sqrt's unconstrained form holds its entries themselves: a lower-triangular factor with a
+    non-negative diagonal round-trips exactly, and a change of an unconstrained diagonal entry moves
+    the factor's diagonal by the same amount at any scale (with exp(x) on the diagonal, a step at a
+    standard deviation of 0.2 would move it a fifth as far)."""
+    from numpyro.distributions import biject_to
+
+    from gpzoo.inference.guides import Q_SQRT
+
+    dtype = jnp.dtype(precision)
+    to_sqrt = biject_to(Q_SQRT)
+    factor = jnp.asarray([[0.2, 0.0, 0.0], [-0.7, 1.5, 0.0], [0.3, 0.1, 0.05]], dtype)
+    raw = to_sqrt.inv(factor)
+    assert raw.shape == (6,) and raw.dtype == dtype
+    np.testing.assert_array_equal(to_sqrt(raw), factor)
+    assert Q_SQRT(to_sqrt(jnp.linspace(-2.0, 2.0, 6, dtype=dtype)))  # any raw vector gives a valid factor
+    slope = jax.jacfwd(lambda r: jnp.diagonal(to_sqrt(r)))(raw)[:, 3:]  # d diag / d raw diagonal entries
+    np.testing.assert_array_equal(slope, np.eye(3, dtype=dtype))
+
+
+def test_every_svgp_guide_declares_q_sqrt_with_the_linear_diagonal_parameterisation():
+    """fit's SVGP family declares q_sqrt (full structure) under Q_SQRT (natural-gradient steps write q_sqrt
+    back through the same transform: tests/test_natgrad.py's unit step reaches the collapsed bound)."""
+    from gpzoo.inference.guides import Q_SQRT
+
+    X, y = _regression()
+    res = fit(zoo.get("svgp-rbf", input_dim=1, num_inducing=5), X, y, steps=0, progress=False)
+    trace = numpyro.handlers.trace(numpyro.handlers.seed(res.family.guide, 0)).get_trace(jnp.asarray(X), jnp.asarray(y))
+    assert trace["q_sqrt"]["kwargs"]["constraint"] is Q_SQRT
