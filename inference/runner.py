@@ -155,7 +155,8 @@ class FitSettings:
         config = {"model": model, "method": method, "num_data": len(X) if isinstance(X, MemmapSource) else int(np.shape(X)[0]), "batch_size": int(batch_size),
                   "seed": int(self.seed), "learning_rate": rate, "optimizer": "adam" if self.optimizer is None else (NATGRAD if self.optimizer == NATGRAD else "custom"),
                   "dtype": str(np.dtype(float_dtype()) if isinstance(X, MemmapSource) else np.asarray(X).dtype),
-                  "data_fingerprint": None if self.checkpoint_dir is None else data_fingerprint(X, y)}
+                  "data_fingerprint": None if self.checkpoint_dir is None else data_fingerprint(X, y),
+                  "unconstrained_form": UNCONSTRAINED_FORM}
         if self.resume and any(Path(self.checkpoint_dir).iterdir()):
             saved = read_config(self.checkpoint_dir)
             check_config(self.checkpoint_dir, saved, {k: config[k] for k in RESUME_KEYS})
@@ -277,7 +278,14 @@ class ClosureStep:
 
 #: ``config`` keys that must agree between a checkpoint and the run that resumes from it
 #: (:meth:`FitSettings.resume_config`).
-RESUME_KEYS = ("model", "method", "num_data", "batch_size", "seed", "learning_rate", "optimizer", "dtype", "data_fingerprint")
+RESUME_KEYS = ("model", "method", "num_data", "batch_size", "seed", "learning_rate", "optimizer", "dtype", "data_fingerprint",
+               "unconstrained_form")
+
+#: How this gpzoo maps the optimiser's unconstrained parameters to the model's (recorded in a checkpoint,
+#: whose state holds the unconstrained values): q_sqrt by its own entries, its diagonal |x|
+#: (:class:`~gpzoo.inference.guides.LinearDiagonalCholeskyTransform`). A checkpoint without it was written
+#: when q_sqrt's diagonal was exp(x) and cannot be resumed.
+UNCONSTRAINED_FORM = "q_sqrt entries, diagonal |x|"
 
 
 def check_steps_done(checkpoint_dir, done: int, steps: int) -> None:

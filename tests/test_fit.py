@@ -70,6 +70,21 @@ def test_corrupt_or_foreign_checkpoint_raises(tmp_path, data, spec):
         fit(spec, X, y, steps=10, checkpoint_dir=tmp_path / "ck2", resume=True, progress=False)
 
 
+def test_a_checkpoint_of_another_unconstrained_form_is_refused(tmp_path, data, spec):
+    """A checkpoint whose config does not record this gpzoo's unconstrained parameterisation (written
+    when q_sqrt's diagonal was exp(x)) is refused by name before its state is read."""
+    import json
+
+    X, y = data
+    fit(spec, X, y, steps=5, checkpoint_dir=tmp_path / "ck", progress=False)
+    config_file = tmp_path / "ck" / "config.json"
+    config = json.loads(config_file.read_text())
+    del config["unconstrained_form"]
+    config_file.write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="unconstrained_form .* not recorded in the checkpoint"):
+        fit(spec, X, y, steps=10, checkpoint_dir=tmp_path / "ck", resume=True, progress=False)
+
+
 def _nan_after(step: int) -> optax.GradientTransformation:
     """Adam whose updates turn NaN from optimiser step ``step`` on (a diverging run)."""
     adam = optax.adam(0.01)
