@@ -121,18 +121,25 @@ def test_equal_steps_table_averages_seeds_per_step_count():
     """The summary row of one (config, model, steps) is the mean over seeds with the range, per framework."""
     summarise = _load("summarise")
 
-    def run(seed, errors):
-        return {"setting": {"config": "rectangles", "model": "conv", "seed": seed},
+    def run(seed, errors, model="conv"):
+        return {"setting": {"config": "rectangles", "model": model, "seed": seed, "N_test": 1000},
                 "checkpoints": [{"steps": steps, "gpzoo": {"test_error": e[0], "test_nlpp": 0.1, "elbo": -50.0},
                                  "gpflow": {"test_error": e[1], "test_nlpp": 0.3, "elbo": -70.0}}
                                 for steps, e in zip((100, 300), errors)]}
 
     report = {"settings": {"link": "logit"}, "results": {"a": run(0, [(0.10, 0.50), (0.02, 0.04)]),
-                                                         "b": run(1, [(0.20, 0.50), (0.04, 0.02)])}}
+                                                         "b": run(1, [(0.20, 0.50), (0.04, 0.02)]),
+                                                         "c": run(0, [(0.10, 0.50), (0.05, 0.50)], "weighted-conv")}}
     lines = summarise.FORMATTERS["gpflow_equal_steps_logit"](report)
-    rows = [line for line in lines if line.startswith("| rectangles")]
+    rows = [line for line in lines if line.startswith("| rectangles | conv")]
     assert rows == ["| rectangles | conv | 100 | 2 | 15.00 % (10.00 %–20.00 %) | 50.00 % (50.00 %–50.00 %) | 0.1 | 0.3 | -50 | -70 |",
                     "| rectangles | conv | 300 | 2 | 3.00 % (2.00 %–4.00 %) | 3.00 % (2.00 %–4.00 %) | 0.1 | 0.3 | -50 | -70 |"]
+    # a goal line per model at its last step count: judged (with the binomial 2 s.e. of the difference of
+    # two 3 % errors over 2 × 1,000 test points, 1.08 %) where both sides beat chance, not where one is at it
+    goals = [line for line in lines if line.startswith("Goal")]
+    assert goals[0] == ("Goal (rectangles / conv after 300 steps: gpzoo's mean test error at most GPflow's): **yes**; "
+                        "within 2 s.e. of the difference (1.08 %): **yes**.")
+    assert goals[1].startswith("Goal (rectangles / weighted-conv after 300 steps") and "cannot be judged" in goals[1]
 
 
 def test_robustness_sweep_tiny(tmp_path, float32):
