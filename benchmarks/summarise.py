@@ -68,7 +68,7 @@ TITLES = {
     "gpflow_equal_steps_logit": "gpzoo against GPflow 2.11 at equal steps, logit link (`benchmarks/gpflow_side_by_side.py --evaluate-at`)",
     "gpflow_equal_steps_logit_3000": "gpzoo against GPflow 2.11 at equal steps up to 3,000, logit link, recorded while gpzoo's q_sqrt diagonal was exp(x) (`benchmarks/gpflow_side_by_side.py --steps 3000 --evaluate-at 300,1000`)",
     "gpflow_equal_steps_probit-exact": "gpzoo against GPflow 2.11 at equal steps, exact probit link in both (`benchmarks/gpflow_side_by_side.py --link probit-exact`)",
-    "gpflow_equal_steps_probit": "gpzoo against GPflow 2.11 at equal steps, GPflow's own probit Bernoulli (Φ squeezed into [0.001, 0.999]) against gpzoo's exact probit (`benchmarks/gpflow_side_by_side.py --link probit`)",
+    "gpflow_equal_steps_probit": "gpzoo against GPflow 2.11 at equal steps, GPflow's own probit Bernoulli (Φ squeezed into [0.001, 0.999]) against gpzoo's exact probit, recorded while gpzoo's q_sqrt diagonal was exp(x) (`benchmarks/gpflow_side_by_side.py --link probit`)",
     "pg_natgrad": "Pólya–Gamma CAVI / natural gradients against Adam (`benchmarks/pg_natgrad.py`)",
     "natgrad": "Natural gradients on q(u) against Adam, beside GPJax's `fit_natgrads` (`benchmarks/natgrad.py`)",
     "nuts_ess": "NUTS on svgp-rbf: effective samples per second of the slowest hyperparameter, against GPflow's SGPMC (`benchmarks/nuts_ess.py`)",
