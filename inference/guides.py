@@ -80,6 +80,9 @@ class LinearDiagonalCholeskyTransform(transforms.LowerCholeskyTransform):
 class _LinearDiagonalCholesky(type(constraints.lower_cholesky)):  # type: ignore[misc]
     """The lower-Cholesky constraint, optimised through :class:`LinearDiagonalCholeskyTransform`."""
 
+    def __repr__(self) -> str:
+        return repr(constraints.lower_cholesky)  # the same set of factors; parameter tables name the transform apart
+
 
 #: The constraint of every SVGP family's ``q_sqrt`` (full and block structures): lower triangular with a
 #: non-negative diagonal, its unconstrained form the entries themselves (:class:`LinearDiagonalCholeskyTransform`).

@@ -252,6 +252,7 @@ def test_summary_of_svgp_rbf(regression):
     assert table.loc["kernel.lengthscale", "constraint"] == "Positive" and table.loc["kernel.lengthscale", "transform"] == "Exp"
     assert table.loc["kernel.lengthscale", "role"] == "type-II"
     assert table.loc["q_sqrt", "constraint"] == "LowerCholesky" and table.loc["inducing.Z", "role"] == "variational"
+    assert table.loc["q_sqrt", "transform"] == "LinearDiagonalCholesky"  # its entries, the diagonal not through exp
     assert float(table.loc["kernel.variance", "value"]) == pytest.approx(float(res.params["kernel.variance"]), rel=1e-3)
     html = res._repr_html_()
     assert res.header() in html and "<table" in html and "q_sqrt" in html
