@@ -291,11 +291,12 @@ def test_conv_kernels_writes_through_write_json(tmp_path, monkeypatch):
 def test_gpflow_side_by_side_records_its_settings_machine_and_date(tmp_path, monkeypatch):
     gpflow_side_by_side = _script(monkeypatch, "gpflow_side_by_side", "--quick", "--no-gpflow")
     result = {"gpzoo": {"median_step_s": 1e-3, "test_error": 0.5}, "gpflow": {"skipped": True, "reason": "--no-gpflow"}}
-    monkeypatch.setattr(gpflow_side_by_side, "run_config", lambda name, args, python, directory: dict(result))
+    monkeypatch.setattr(gpflow_side_by_side, "run_config", lambda name, args, python, directory, model, seed: dict(result))
     out = tmp_path / "gpflow_side_by_side.json"
     report = gpflow_side_by_side.main(["--quick", "--no-gpflow", "--configs", "rectangles", "--out", str(out)])
     written = _written_with_provenance(out, report, "gpflow_side_by_side")
     assert written["settings"] == {"configs": "rectangles", "steps": 8, "timed": 4, "warmup": 2, "chunk": 2, "seed": 0,
+                                   "seeds": 1, "models": "weighted-conv", "link": "logit", "evaluate_at": [],
                                    "no_install": False, "no_gpflow": True, "quick": True}  # as run, after --quick
     assert written["machine"]["devices"] and written["machine"]["jax"] and written["machine"]["loadavg_after"]
     assert written["results"] == {"rectangles": result}
