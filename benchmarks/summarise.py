@@ -1064,7 +1064,7 @@ RECORDED_WITHOUT_PROVENANCE: dict[str, str] = {
     "reproduce_dkm_mnist_gamma128": "command, git commit",
     "reproduce_dkm_wide": "command, git commit",
     "reproduce_dkm_wide_long": "command, git commit",
-    "reproduce_invariance": "command, git commit",
+    "reproduce_invariance": "command (mnist10), git commit (mnist10)",
     "reproduce_tick": "command, git commit",
     "robustness_sweep": "command, git commit",
     "scan_convolutions": "command, git commit",
