@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from _common import machine_info, merge_results, now  # noqa: E402
+from _common import ROOT, machine_info, merge_results, now  # noqa: E402
 from reproduce_conv import classification_scores, subsample  # noqa: E402
 
 
@@ -163,7 +163,7 @@ def run_rotated(args) -> dict:
                      "initial_alpha": args.initial_alpha, "likelihood": "Bernoulli-logit (Pólya–Gamma bound for invariant-rot)",
                      "pg_c": list(args.pg_c), "steps_180": args.steps_180,
                      "seed": args.seed, "reduced": bool(args.steps < PAPER_STEPS or args.max_train or args.max_test),
-                     "figure": str(args.figure) if args.figure else None},
+                     "figure": _shown_path(args.figure) if args.figure else None},
         "paper": {"alpha_true=90": "α recovered (≈ 90°)", "alpha_true=180": "α under-estimated",
                   "both": "invariant beats RBF by a large margin in error and ELBO (fig. 3)"},
         "runs": runs,
@@ -251,6 +251,14 @@ def mnist10_goals(models: dict) -> dict:
         by_error = sorted(models, key=lambda m: models[m]["test_error"])
         goals["ELBO ranking matches error ranking"] = by_elbo == by_error
     return goals
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` as recorded: relative to the repository when inside it (no machine's folders in results)."""
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return Path(path).name
 
 
 def combine(name: str, old: dict | None, new: dict) -> dict:
