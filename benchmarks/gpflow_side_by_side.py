@@ -122,8 +122,8 @@ def make_problem(name: str, steps: int, seed: int, quick: bool, directory: Path,
                  link: str = "logit") -> dict:
     """Data, initial inducing patches and hyperparameters, minibatch indices -> an .npz both workers read.
 
-    ``model`` is ``weighted-conv`` (patch weights trained in both frameworks) or ``conv`` (weights fixed
-    at 1); ``link`` is the Bernoulli link of a binary configuration (``logit`` or ``probit``)."""
+    ``model`` is one of :data:`MODELS`; ``link`` (one of :data:`LINKS`) is the Bernoulli link of a binary
+    configuration (both checked by :func:`main` before any run starts)."""
     import jax  # noqa: PLC0415
 
     from gpzoo.analysis import datasets  # noqa: PLC0415
@@ -140,10 +140,6 @@ def make_problem(name: str, steps: int, seed: int, quick: bool, directory: Path,
                    num_inducing=cfg["M"])
     if cfg["num_classes"]:
         options["num_classes"] = cfg["num_classes"]
-    if model not in MODELS:
-        raise SystemExit(f"--models: unknown model {model!r}; choose from {', '.join(MODELS)}")
-    if link not in LINKS:
-        raise SystemExit(f"--link: unknown link {link!r}; choose from {', '.join(LINKS)}")
     spec = zoo.get(model, **options)
     inducing = initialise_inducing(spec.inducing, spec.kernel, X.astype(np.float32), cfg["M"], jax.random.PRNGKey(seed), "random")
     base = spec.kernel.base_kernel
@@ -229,6 +225,17 @@ def _exact_probit_bernoulli(gpflow, tf):
     return ExactProbitBernoulli()
 
 
+#: Training images per call when a worker computes its full-data ELBO.
+ELBO_PART = 400
+
+
+def full_data_elbo(elbo_of, N: int) -> float:
+    """The ELBO over all N training images from ``elbo_of(indices)``, the ELBO of those images with
+    ``num_data = N`` (each part's likelihood term scaled to N): the mean of the parts weighted by size."""
+    parts = np.array_split(np.arange(N), max(1, -(-N // ELBO_PART)))
+    return sum(float(elbo_of(part)) * len(part) for part in parts) / N
+
+
 class GPflowRun:
     """GPflow 2.11 SVGP with ``gpflow.kernels.Convolutional`` + ``InducingPatches`` (runs in the GPflow venv)."""
 
@@ -295,9 +302,8 @@ class GPflowRun:
             logp.append(self.model.predict_log_density((Xc, Yc)).numpy())
         probs, logp = np.concatenate(probs), np.concatenate(logp)
         ls = self.model.kernel.base_kernel.lengthscales.numpy()
-        N = int(self.X.shape[0])  # num_data=N scales each part's ELBO to N: their mean weighted by size is the full-data ELBO
-        elbo = sum(float(self.model.elbo((self.X[s:s + 400], self.Y[s:s + 400])).numpy()) * min(400, N - s)
-                   for s in range(0, N, 400)) / N
+        elbo = full_data_elbo(lambda part: self.model.elbo((tf.gather(self.X, part), tf.gather(self.Y, part))).numpy(),
+                              int(self.X.shape[0]))
         return {**_scores(probs, self.yt, job["task"]), "test_nlpp": float(-np.mean(logp)), "elbo": elbo,
                 "lengthscale": float(np.mean(ls)), "variance": float(self.model.kernel.base_kernel.variance.numpy())}
 
@@ -373,8 +379,7 @@ class GpzooRun:
             logp.append(np.asarray(out[1]))
             ls, var = out[2], out[3]
         probs, logp = np.concatenate(probs), np.concatenate(logp)
-        parts = np.array_split(np.arange(self.N), max(1, -(-self.N // 400)))  # num_data=N scales each part to N
-        elbo = sum(float(self.full_elbo(self.state, jnp.asarray(part))) * len(part) for part in parts) / self.N
+        elbo = full_data_elbo(lambda part: self.full_elbo(self.state, jnp.asarray(part)), self.N)
         return {**_scores(probs, self.yt, job["task"]), "test_nlpp": float(-np.mean(logp)), "elbo": elbo,
                 "lengthscale": float(np.mean(ls)), "variance": float(var)}
 
@@ -523,6 +528,9 @@ def main(argv=None):
     from _common import machine_info, now, write_json  # noqa: PLC0415
 
     args.evaluate_at = [int(c) for c in args.evaluate_at.split(",") if c.strip()]
+    unknown = [m for m in args.models.split(",") if m not in MODELS]
+    if unknown:
+        parser.error(f"--models: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(MODELS)}")
     if args.quick:
         args.steps, args.timed, args.warmup, args.chunk = 8, 4, 2, 2
         args.evaluate_at = [c for c in args.evaluate_at if c < args.steps] or args.evaluate_at

@@ -392,13 +392,13 @@ def _gpflow_equal_steps(report: dict) -> list[str]:
                     + [_spread([e.get("test_error") for e in side[k]]) for k in ("gpzoo", "gpflow")]
                     + [_mean_num([e.get(m) for e in side[k]]) for m in ("test_nlpp", "elbo") for k in ("gpzoo", "gpflow")])
     lines = []
+    n_test = next(iter(report["results"].values()))["setting"].get("N_test") if report["results"] else None
     for config, model in dict.fromkeys((c, m) for c, m, _ in groups):
         last = max(steps for c, m, steps in groups if (c, m) == (config, model))
         points = groups[(config, model, last)]
         means = {k: statistics.fmean(p[k]["test_error"] for p in points) for k in ("gpzoo", "gpflow") if all(k in p for p in points)}
         if len(means) < 2:
             continue
-        n_test = next(iter(report["results"].values()))["setting"].get("N_test")
         sides = {k: {"test_error": means[k], "test_nlpp": statistics.fmean(p[k]["test_nlpp"] for p in points)} for k in means}
         # binomial standard error of the difference of the two mean errors (each over len(points) × n_test test points)
         se = math.sqrt(sum(e * (1 - e) for e in means.values()) / (len(points) * n_test)) if n_test else float("nan")

@@ -33,6 +33,7 @@ from gpzoo.models import draws
 __all__ = [
     "COVARIANCE_STRUCTURES",
     "Q_SQRT",
+    "UNCONSTRAINED_FORM",
     "InducingPosterior",
     "InducingPrior",
     "blockdiag_matvec",
@@ -62,7 +63,7 @@ class LinearDiagonalCholeskyTransform(transforms.LowerCholeskyTransform):
     """
 
     def __call__(self, x):
-        n = round((math.isqrt(1 + 8 * x.shape[-1]) - 1) / 2)
+        n = (math.isqrt(1 + 8 * x.shape[-1]) - 1) // 2  # x holds M(M+1)/2 entries
         below = vec_to_tril_matrix(x[..., :-n], diagonal=-1)
         return below + jnp.expand_dims(jnp.abs(x[..., -n:]), axis=-1) * jnp.identity(n, dtype=x.dtype)
 
@@ -88,6 +89,9 @@ class _LinearDiagonalCholesky(type(constraints.lower_cholesky)):  # type: ignore
 #: non-negative diagonal, its unconstrained form the entries themselves (:class:`LinearDiagonalCholeskyTransform`).
 Q_SQRT = _LinearDiagonalCholesky()
 biject_to.register(_LinearDiagonalCholesky)(lambda constraint: LinearDiagonalCholeskyTransform())
+#: The unconstrained form of the parameters this gpzoo optimises, as a checkpoint records it (a checkpoint
+#: written when q_sqrt's diagonal was exp(x) holds raw values this transform would misread).
+UNCONSTRAINED_FORM = "q_sqrt entries, diagonal |x|"
 
 
 # ----------------------------------------------------------------------------- q(u) helpers

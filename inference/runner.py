@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from gpzoo.inference.checkpoint import CheckpointWriteError, check_config, load_checkpoint, read_config, save_checkpoint
 from gpzoo.inference.data import MemmapSource, data_fingerprint
+from gpzoo.inference.guides import UNCONSTRAINED_FORM
 from gpzoo.inference.linalg import float_dtype
 from gpzoo.inference.natgrad import NATGRAD, check_natgrad_step
 from gpzoo.inference.results import settled
@@ -280,12 +281,6 @@ class ClosureStep:
 #: (:meth:`FitSettings.resume_config`).
 RESUME_KEYS = ("model", "method", "num_data", "batch_size", "seed", "learning_rate", "optimizer", "dtype", "data_fingerprint",
                "unconstrained_form")
-
-#: How this gpzoo maps the optimiser's unconstrained parameters to the model's (recorded in a checkpoint,
-#: whose state holds the unconstrained values): q_sqrt by its own entries, its diagonal |x|
-#: (:class:`~gpzoo.inference.guides.LinearDiagonalCholeskyTransform`). A checkpoint without it was written
-#: when q_sqrt's diagonal was exp(x) and cannot be resumed.
-UNCONSTRAINED_FORM = "q_sqrt entries, diagonal |x|"
 
 
 def check_steps_done(checkpoint_dir, done: int, steps: int) -> None:
