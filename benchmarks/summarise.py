@@ -283,6 +283,22 @@ def _reproduce_invariance(report: dict) -> list[str]:
             reason = unjudgeable(exp["models"], s["dataset"], s.get("num_test"))
             lines += ["", f"Goals: cannot be judged: {reason}." if reason else
                       "Goals: " + "; ".join(f"{k}: {yes_no(v)}" for k, v in exp["goals"].items()) + "."]
+    if "mnist-rot" in experiments:
+        exp = experiments["mnist-rot"]
+        s = exp["settings"]
+        reduced = " **Reduced run** (far fewer steps than the paper's; not converged)." if s.get("reduced") else ""
+        lines += ["", f"**Fully rotated MNIST, 10 classes** (van der Wilk et al. 2018, §5.3, fig. 5) — every digit rotated by a "
+                      f"uniform angle over the full circle, {s['num_train']:,} / {s['num_test']:,} images, {s['likelihood']} "
+                      f"({s['likelihood_note']}), {s['steps']:,} steps, M={s['num_inducing']}, {s['num_orbit_samples']} orbit samples, "
+                      f"learned α starts at {num(s['initial_alpha'])}°.{reduced} {provenance(exp)}", ""]
+        rows = [[f"`{m}`", ("learned " if r["alpha_learned"] else "fixed ") + num(r["alpha_final"]) + "°" if "alpha_final" in r else "",
+                 pct(r["test_error"]), num(r["test_nlpp"]), f"{num(r['elbo'], 5)} ± {num(r['elbo_stderr'])}", num(r["s_per_step"]),
+                 r.get("device", "?")] for m, r in exp["models"].items()]
+        lines += table(["model", "α", "error", "NLPP", "ELBO ± s.e.", "s/step", "device"], rows)
+        reason = unjudgeable(exp["models"], "mnist-10", s.get("num_test"))  # ten classes, like mnist-10
+        lines += ["", "Paper: " + "; ".join(exp["paper"].values()) + ".",
+                  f"Goals: cannot be judged: {reason}." if reason else
+                  "Goals: " + "; ".join(f"{k}: {yes_no(v)}" for k, v in exp["goals"].items()) + "."]
     return lines + (["", STEP_NOTE] if lines else [])
 
 

@@ -1,7 +1,14 @@
 import os
+import signal
 
 import jax
 import pytest
+
+# A suite started in the background by a non-interactive shell (``pytest ... &``) inherits SIGINT
+# ignored, and Python then installs no KeyboardInterrupt handler; the tests of Ctrl-C handling need
+# the handler every interactive run has, so the workers install it whatever started them.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # exactness tests run in float64; the `precision` fixture runs a test in float32 (the library's default) too
 jax.config.update("jax_enable_x64", True)
