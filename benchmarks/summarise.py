@@ -243,6 +243,15 @@ def _reproduce_conv(report: dict) -> list[str]:
 PG_TILTS = {"recognition": "recognition network", "closed-form": "closed form √E[f²]", "free": "free per point", None: "—"}
 
 
+def _reduced_note(settings: dict) -> str:
+    return " **Reduced run** (far fewer steps than the paper's; not converged)." if settings.get("reduced") else ""
+
+
+def _goal_line(goals: dict, reason: str | None) -> str:
+    """The goals as one line ("Goals: a: yes; b: no."), or why they cannot be judged when ``reason`` says so."""
+    return f"Goals: cannot be judged: {reason}." if reason else "Goals: " + "; ".join(f"{k}: {yes_no(v)}" for k, v in goals.items()) + "."
+
+
 @formatter("reproduce_invariance")
 def _reproduce_invariance(report: dict) -> list[str]:
     lines = []
@@ -250,7 +259,7 @@ def _reproduce_invariance(report: dict) -> list[str]:
     if "rotated" in experiments:
         exp = experiments["rotated"]
         s = exp["settings"]
-        reduced = " **Reduced run** (far fewer steps than the paper's; not converged)." if s.get("reduced") else ""
+        reduced = _reduced_note(s)
         lines += ["", f"**rotated MNIST odd vs even** (van der Wilk et al. 2018, §5.1, fig. 3) — Adam {s['learning_rate']}, batch "
                       f"{s['batch_size']}, M={s['num_inducing']}, {s['num_orbit_samples']} orbit samples, α starts at "
                       f"{num(s['initial_alpha'])}°.{reduced} {provenance(exp)}", ""]
@@ -271,7 +280,7 @@ def _reproduce_invariance(report: dict) -> list[str]:
     if "mnist10" in experiments:
         exp = experiments["mnist10"]
         s = exp["settings"]
-        reduced = " **Reduced run** (far fewer steps than the paper's; not converged)." if s.get("reduced") else ""
+        reduced = _reduced_note(s)
         lines += ["", f"**MNIST 10-class, Gaussian likelihood** (van der Wilk et al. 2018, §5.2, fig. 4) — {s['num_train']:,} / "
                       f"{s['num_test']:,} images, {s['likelihood']}, {s['steps']:,} steps, "
                       f"M={s['num_inducing']}.{reduced} {provenance(exp)}", ""]
@@ -280,25 +289,21 @@ def _reproduce_invariance(report: dict) -> list[str]:
                 for m, r in exp["models"].items()]
         lines += table(["model", "error", "paper error", "NLPP", "ELBO ± s.e.", "s/step", "device"], rows)
         if exp.get("goals"):
-            reason = unjudgeable(exp["models"], s["dataset"], s.get("num_test"))
-            lines += ["", f"Goals: cannot be judged: {reason}." if reason else
-                      "Goals: " + "; ".join(f"{k}: {yes_no(v)}" for k, v in exp["goals"].items()) + "."]
+            lines += ["", _goal_line(exp["goals"], unjudgeable(exp["models"], s["dataset"], s.get("num_test")))]
     if "mnist-rot" in experiments:
         exp = experiments["mnist-rot"]
         s = exp["settings"]
-        reduced = " **Reduced run** (far fewer steps than the paper's; not converged)." if s.get("reduced") else ""
+        reduced = _reduced_note(s)
         lines += ["", f"**Fully rotated MNIST, 10 classes** (van der Wilk et al. 2018, §5.3, fig. 5) — every digit rotated by a "
                       f"uniform angle over the full circle, {s['num_train']:,} / {s['num_test']:,} images, {s['likelihood']} "
                       f"({s['likelihood_note']}), {s['steps']:,} steps, M={s['num_inducing']}, {s['num_orbit_samples']} orbit samples, "
                       f"learned α starts at {num(s['initial_alpha'])}°.{reduced} {provenance(exp)}", ""]
         rows = [[f"`{m}`", ("learned " if r["alpha_learned"] else "fixed ") + num(r["alpha_final"]) + "°" if "alpha_final" in r else "",
-                 pct(r["test_error"]), num(r["test_nlpp"]), f"{num(r['elbo'], 5)} ± {num(r['elbo_stderr'])}", num(r["s_per_step"]),
-                 r.get("device", "?")] for m, r in exp["models"].items()]
-        lines += table(["model", "α", "error", "NLPP", "ELBO ± s.e.", "s/step", "device"], rows)
-        reason = unjudgeable(exp["models"], "mnist-10", s.get("num_test"))  # ten classes, like mnist-10
-        lines += ["", "Paper: " + "; ".join(exp["paper"].values()) + ".",
-                  f"Goals: cannot be judged: {reason}." if reason else
-                  "Goals: " + "; ".join(f"{k}: {yes_no(v)}" for k, v in exp["goals"].items()) + "."]
+                 pct(r["test_error"]), num(r["test_nlpp"]), f"{num(r['elbo'], 5)} ± {num(r['elbo_stderr'])}",
+                 num(r.get("noise_variance")), num(r["s_per_step"]), r.get("device", "?")] for m, r in exp["models"].items()]
+        lines += table(["model", "α", "error", "NLPP", "ELBO ± s.e.", "noise s²", "s/step", "device"], rows)
+        lines += ["", "Paper: " + "; ".join(exp["paper"].values()) + ".", "",  # ten classes, as mnist-10
+                  _goal_line(exp["goals"], unjudgeable(exp["models"], "mnist-10", s.get("num_test")))]
     return lines + (["", STEP_NOTE] if lines else [])
 
 
@@ -1060,8 +1065,7 @@ RECORDED_WITHOUT_PROVENANCE: dict[str, str] = {
     "dkm_step": "command, settings, git commit",
     "gpflow_side_by_side": "command, settings, device, versions, date, git commit",
     "gpflow_side_by_side_mnist10_timing": "command, settings, device, versions, date, git commit",
-    "invariance_toy": "command, device, versions, date, git commit",
-    "kernel_search": "command, settings, git commit",
+    "kernel_search": "command (co2, nile), settings (co2, nile), git commit (co2, nile)",
     "natgrad": "command, git commit",
     "nuts_ess": "command, git commit",
     "pg_natgrad": "command, git commit",
@@ -1080,12 +1084,10 @@ RECORDED_WITHOUT_PROVENANCE: dict[str, str] = {
     "reproduce_dkm_mnist_gamma128": "command, git commit",
     "reproduce_dkm_wide": "command, git commit",
     "reproduce_dkm_wide_long": "command, git commit",
-    "reproduce_invariance": "command (mnist10), git commit (mnist10)",
     "reproduce_tick": "command, git commit",
     "robustness_sweep": "command, git commit",
     "scan_convolutions": "command, git commit",
     "shift_scale_sweep": "command, git commit",
-    "svgp_scaling": "command, date, git commit, current step description",
 }
 
 

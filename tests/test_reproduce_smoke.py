@@ -88,6 +88,7 @@ def test_reproduce_scripts_quick(tmp_path):
     assert set(rot["models"]) == {"svgp-rbf", "invariant-rot/fixed-180"}
     fixed = rot["models"]["invariant-rot/fixed-180"]
     assert fixed["alpha_final"] == 180.0 and fixed["alpha_learned"] is False
+    assert all(r["noise_variance"] > 0 for r in rot["models"].values())  # the one-hot Gaussian's learned noise
     assert set(rot["goals"]) == {"every invariant model beats RBF in test error", "the highest ELBO is the lowest error (paper's observation)"}
     text = "\n".join(_load("summarise").FORMATTERS["reproduce_invariance"]({"experiments": report}))
     assert "§5.3" in text and "`invariant-rot/fixed-180`" in text and "fixed 180°" in text
