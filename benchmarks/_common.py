@@ -79,15 +79,20 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+#: How a recorded command shows an absolute path outside the repository (its folders are this machine's).
+OUTSIDE = "<outside the repository>"
+
+
 def _relative_to_root(arg: str) -> str:
-    """``arg`` relative to the repository root when it is an absolute path inside it, else unchanged."""
+    """``arg`` relative to the repository root when it is an absolute path inside it; an absolute path
+    outside it as :data:`OUTSIDE` and its file name (no folder of this machine); else unchanged."""
     option, equals, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
     if not os.path.isabs(value):
         return arg
     try:
         relative = Path(value).resolve().relative_to(ROOT).as_posix()
     except ValueError:
-        return arg
+        relative = f"{OUTSIDE}/{Path(value).name}"
     return f"{option}{equals}{relative}"
 
 

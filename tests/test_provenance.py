@@ -79,10 +79,14 @@ def test_write_json_adds_provenance_with_a_relative_command_and_a_date(common, t
     assert prov["machine"]["jax"] and prov["machine"]["devices"]
     assert not list(tmp_path.glob("*.tmp"))  # written through a temporary file, renamed
 
-    # a script outside the repository is recorded by its name, never by this machine's path
-    monkeypatch.setattr(sys, "argv", [str(tmp_path / "elsewhere.py"), str(tmp_path / "data.csv")])
+    # a script outside the repository is recorded by its name, never by this machine's path, and so
+    # are absolute paths outside it among the arguments (e.g. another framework's interpreter)
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "elsewhere.py"), str(tmp_path / "data.csv"),
+                                      f"--peer-python={tmp_path / 'venv' / 'bin' / 'python'}", "relative/x.csv"])
     command = common.provenance()["command"]
     assert command[0] == "elsewhere.py" and not os.path.isabs(command[0])
+    assert command[1:] == ["<outside the repository>/data.csv", "--peer-python=<outside the repository>/python", "relative/x.csv"]
+    assert str(tmp_path) not in json.dumps(command)
 
 
 def test_write_json_leaves_an_existing_provenance_alone(common, tmp_path):
