@@ -252,58 +252,68 @@ def _goal_line(goals: dict, reason: str | None) -> str:
     return f"Goals: cannot be judged: {reason}." if reason else "Goals: " + "; ".join(f"{k}: {yes_no(v)}" for k, v in goals.items()) + "."
 
 
+def _rotated_lines(exp: dict) -> list[str]:
+    """§5.1: learned rotation range on rotated odd-vs-even digits, one table row per (α_true, model)."""
+    s = exp["settings"]
+    lines = ["", f"**rotated MNIST odd vs even** (van der Wilk et al. 2018, §5.1, fig. 3) — Adam {s['learning_rate']}, batch "
+                  f"{s['batch_size']}, M={s['num_inducing']}, {s['num_orbit_samples']} orbit samples, α starts at "
+                  f"{num(s['initial_alpha'])}°.{_reduced_note(s)} {provenance(exp)}", ""]
+    rows = []
+    for run in exp["runs"].values():
+        reason = unjudgeable(run["models"], "mnist-rotated", run.get("num_test"))
+        goals = f"cannot be judged: {reason}" if reason else "; ".join(f"{k}: {yes_no(v)}" for k, v in run["goals"].items())
+        for model, r in run["models"].items():
+            rows.append([f"{num(run['alpha_true'])}°", f"`{model}`", num(r["steps"]), num(r.get("alpha_final")) + ("°" if "alpha_final" in r else ""),
+                         pct(r["test_error"]), num(r["test_nlpp"]), f"{num(r['elbo'], 5)} ± {num(r['elbo_stderr'])}",
+                         num(r["s_per_step"]), goals if model == "invariant-rot" else "", r.get("device", "?"),
+                         PG_TILTS[r.get("pg_c") or ("closed-form" if model.startswith("invariant") else None)]])
+    lines += table(["α_true", "model", "steps", "learned α", "error", "NLPP", "ELBO ± s.e.", "s/step", "goals met", "device",
+                    "PG tilt c"], rows)
+    if s.get("figure"):
+        lines += ["", f"Learned α over training: `benchmarks/results/{Path(s['figure']).name}`. Paper: α ≈ α_true for "
+                      "90°, under-estimated for 180°; invariant beats RBF in error and ELBO."]
+    return lines
+
+
+def _mnist10_lines(exp: dict) -> list[str]:
+    """§5.2: ten-class MNIST with the one-hot Gaussian likelihood, against the paper's errors."""
+    s = exp["settings"]
+    lines = ["", f"**MNIST 10-class, Gaussian likelihood** (van der Wilk et al. 2018, §5.2, fig. 4) — {s['num_train']:,} / "
+                  f"{s['num_test']:,} images, {s['likelihood']}, {s['steps']:,} steps, "
+                  f"M={s['num_inducing']}.{_reduced_note(s)} {provenance(exp)}", ""]
+    rows = [[f"`{m}`", pct(r["test_error"]), pct(r["paper"]["error"]), num(r["test_nlpp"]),
+             f"{num(r['elbo'], 5)} ± {num(r['elbo_stderr'])}", num(r["s_per_step"]), r.get("device", "?")]
+            for m, r in exp["models"].items()]
+    lines += table(["model", "error", "paper error", "NLPP", "ELBO ± s.e.", "s/step", "device"], rows)
+    if exp.get("goals"):
+        lines += ["", _goal_line(exp["goals"], unjudgeable(exp["models"], s["dataset"], s.get("num_test")))]
+    return lines
+
+
+def _mnist_rot_lines(exp: dict) -> list[str]:
+    """§5.3: fully rotated ten-class digits, learned and fixed invariances against RBF."""
+    s = exp["settings"]
+    lines = ["", f"**Fully rotated MNIST, 10 classes** (van der Wilk et al. 2018, §5.3, fig. 5) — every digit rotated by a "
+                  f"uniform angle over the full circle, {s['num_train']:,} / {s['num_test']:,} images, {s['likelihood']} "
+                  f"({s['likelihood_note']}), {s['steps']:,} steps, M={s['num_inducing']}, {s['num_orbit_samples']} orbit samples, "
+                  f"learned α starts at {num(s['initial_alpha'])}°.{_reduced_note(s)} {provenance(exp)}", ""]
+    rows = [[f"`{m}`", ("learned " if r["alpha_learned"] else "fixed ") + num(r["alpha_final"]) + "°" if "alpha_final" in r else "",
+             pct(r["test_error"]), num(r["test_nlpp"]), f"{num(r['elbo'], 5)} ± {num(r['elbo_stderr'])}",
+             num(r.get("noise_variance")), num(r["s_per_step"]), r.get("device", "?")] for m, r in exp["models"].items()]
+    lines += table(["model", "α", "error", "NLPP", "ELBO ± s.e.", "noise s²", "s/step", "device"], rows)
+    lines += ["", "Paper: " + "; ".join(exp["paper"].values()) + ".", "",  # ten classes, as mnist-10
+              _goal_line(exp["goals"], unjudgeable(exp["models"], "mnist-10", s.get("num_test")))]
+    return lines
+
+
+#: reproduce_invariance's experiments in page order, with their formatters
+INVARIANCE_EXPERIMENTS = {"rotated": _rotated_lines, "mnist10": _mnist10_lines, "mnist-rot": _mnist_rot_lines}
+
+
 @formatter("reproduce_invariance")
 def _reproduce_invariance(report: dict) -> list[str]:
-    lines = []
     experiments = report.get("experiments", {})
-    if "rotated" in experiments:
-        exp = experiments["rotated"]
-        s = exp["settings"]
-        reduced = _reduced_note(s)
-        lines += ["", f"**rotated MNIST odd vs even** (van der Wilk et al. 2018, §5.1, fig. 3) — Adam {s['learning_rate']}, batch "
-                      f"{s['batch_size']}, M={s['num_inducing']}, {s['num_orbit_samples']} orbit samples, α starts at "
-                      f"{num(s['initial_alpha'])}°.{reduced} {provenance(exp)}", ""]
-        rows = []
-        for run in exp["runs"].values():
-            reason = unjudgeable(run["models"], "mnist-rotated", run.get("num_test"))
-            goals = f"cannot be judged: {reason}" if reason else "; ".join(f"{k}: {yes_no(v)}" for k, v in run["goals"].items())
-            for model, r in run["models"].items():
-                rows.append([f"{num(run['alpha_true'])}°", f"`{model}`", num(r["steps"]), num(r.get("alpha_final")) + ("°" if "alpha_final" in r else ""),
-                             pct(r["test_error"]), num(r["test_nlpp"]), f"{num(r['elbo'], 5)} ± {num(r['elbo_stderr'])}",
-                             num(r["s_per_step"]), goals if model == "invariant-rot" else "", r.get("device", "?"),
-                             PG_TILTS[r.get("pg_c") or ("closed-form" if model.startswith("invariant") else None)]])
-        lines += table(["α_true", "model", "steps", "learned α", "error", "NLPP", "ELBO ± s.e.", "s/step", "goals met", "device",
-                        "PG tilt c"], rows)
-        if s.get("figure"):
-            lines += ["", f"Learned α over training: `benchmarks/results/{Path(s['figure']).name}`. Paper: α ≈ α_true for "
-                          "90°, under-estimated for 180°; invariant beats RBF in error and ELBO."]
-    if "mnist10" in experiments:
-        exp = experiments["mnist10"]
-        s = exp["settings"]
-        reduced = _reduced_note(s)
-        lines += ["", f"**MNIST 10-class, Gaussian likelihood** (van der Wilk et al. 2018, §5.2, fig. 4) — {s['num_train']:,} / "
-                      f"{s['num_test']:,} images, {s['likelihood']}, {s['steps']:,} steps, "
-                      f"M={s['num_inducing']}.{reduced} {provenance(exp)}", ""]
-        rows = [[f"`{m}`", pct(r["test_error"]), pct(r["paper"]["error"]), num(r["test_nlpp"]),
-                 f"{num(r['elbo'], 5)} ± {num(r['elbo_stderr'])}", num(r["s_per_step"]), r.get("device", "?")]
-                for m, r in exp["models"].items()]
-        lines += table(["model", "error", "paper error", "NLPP", "ELBO ± s.e.", "s/step", "device"], rows)
-        if exp.get("goals"):
-            lines += ["", _goal_line(exp["goals"], unjudgeable(exp["models"], s["dataset"], s.get("num_test")))]
-    if "mnist-rot" in experiments:
-        exp = experiments["mnist-rot"]
-        s = exp["settings"]
-        reduced = _reduced_note(s)
-        lines += ["", f"**Fully rotated MNIST, 10 classes** (van der Wilk et al. 2018, §5.3, fig. 5) — every digit rotated by a "
-                      f"uniform angle over the full circle, {s['num_train']:,} / {s['num_test']:,} images, {s['likelihood']} "
-                      f"({s['likelihood_note']}), {s['steps']:,} steps, M={s['num_inducing']}, {s['num_orbit_samples']} orbit samples, "
-                      f"learned α starts at {num(s['initial_alpha'])}°.{reduced} {provenance(exp)}", ""]
-        rows = [[f"`{m}`", ("learned " if r["alpha_learned"] else "fixed ") + num(r["alpha_final"]) + "°" if "alpha_final" in r else "",
-                 pct(r["test_error"]), num(r["test_nlpp"]), f"{num(r['elbo'], 5)} ± {num(r['elbo_stderr'])}",
-                 num(r.get("noise_variance")), num(r["s_per_step"]), r.get("device", "?")] for m, r in exp["models"].items()]
-        lines += table(["model", "α", "error", "NLPP", "ELBO ± s.e.", "noise s²", "s/step", "device"], rows)
-        lines += ["", "Paper: " + "; ".join(exp["paper"].values()) + ".", "",  # ten classes, as mnist-10
-                  _goal_line(exp["goals"], unjudgeable(exp["models"], "mnist-10", s.get("num_test")))]
+    lines = [line for name, lines_of in INVARIANCE_EXPERIMENTS.items() if name in experiments for line in lines_of(experiments[name])]
     return lines + (["", STEP_NOTE] if lines else [])
 
 
