@@ -1075,7 +1075,6 @@ RECORDED_WITHOUT_PROVENANCE: dict[str, str] = {
     "dkm_step": "command, settings, git commit",
     "gpflow_side_by_side": "command, settings, device, versions, date, git commit",
     "gpflow_side_by_side_mnist10_timing": "command, settings, device, versions, date, git commit",
-    "kernel_search": "command (co2, nile), settings (co2, nile), git commit (co2, nile)",
     "nuts_ess": "command, git commit",
     "pg_natgrad": "command, git commit",
     "polya_gamma_throughput": "command, settings, date, git commit",
