@@ -126,10 +126,27 @@ def _record(res, wall, args) -> dict:
     return record
 
 
+def _one_hot_spec(name: str, image_shape, num_classes: int, num_inducing: int, **options):
+    """The zoo spec of ``name`` with the one-hot Gaussian likelihood of §5.2 (``num_classes`` outputs)."""
+    from gpzoo.models import likelihoods, zoo  # noqa: PLC0415
+
+    return zoo.get(name, image_shape=image_shape, task="multiclass", num_classes=num_classes, num_inducing=num_inducing,
+                   likelihood=likelihoods.OneHotGaussian(num_classes=num_classes), **options)
+
+
+def _scored_fit(spec, X, y, X_test, y_test, args, sampled: bool, optimizer=None) -> tuple:
+    """Fit ``spec`` (:func:`_fit`); returns the fit and its record: :func:`_record`, the ELBO (over
+    ``--elbo-repeats`` passes when the kernel is ``sampled``) and the test scores."""
+    from gpzoo.inference import predict  # noqa: PLC0415
+
+    res, wall = _fit(spec, X, y, args, optimizer)
+    return res, {**_record(res, wall, args), **elbo_with_repeats(res, args.elbo_repeats if sampled else 1, args.elbo_samples),
+                 **classification_scores(predict(res, X_test).probs, y_test)}
+
+
 # ----------------------------------------------------------------------------- §5.1 rotated MNIST
 def run_rotated(args) -> dict:
     from gpzoo.analysis import datasets  # noqa: PLC0415
-    from gpzoo.inference import predict  # noqa: PLC0415
     from gpzoo.models import zoo  # noqa: PLC0415
 
     runs = {}
@@ -148,10 +165,7 @@ def run_rotated(args) -> dict:
             print(f"[rotated α_true={alpha_true:g}] {key}: {steps} steps on {X.shape[0]} images", flush=True)
             log: dict[int, float] = {}
             optimizer = optax.chain(alpha_tracer(log), optax.adam(args.learning_rate)) if pg_c else None
-            res, wall = _fit(spec, X, y, run_args, optimizer)
-            record = _record(res, wall, run_args)
-            record.update(elbo_with_repeats(res, args.elbo_repeats if pg_c else 1, args.elbo_samples))
-            record.update(classification_scores(predict(res, X_test).probs, y_test))
+            res, record = _scored_fit(spec, X, y, X_test, y_test, run_args, sampled=bool(pg_c), optimizer=optimizer)
             if pg_c:
                 alpha_final = float(res.params[ALPHA_SITE])
                 log[steps] = alpha_final
@@ -227,8 +241,6 @@ def plot_alpha(runs: dict, path: Path) -> None:
 # ----------------------------------------------------------------------------- §5.2 MNIST 10-class
 def run_mnist10(args) -> dict:
     from gpzoo.analysis import datasets  # noqa: PLC0415
-    from gpzoo.inference import predict  # noqa: PLC0415
-    from gpzoo.models import likelihoods, zoo  # noqa: PLC0415
 
     data = datasets.load("mnist-10", seed=args.seed)
     classes = list(range(data.num_classes)) if args.digits is None else sorted(args.digits)
@@ -239,16 +251,12 @@ def run_mnist10(args) -> dict:
     for name in args.mnist10_models:
         options = {} if name == "svgp-rbf" else {"num_orbit_samples": args.orbit_samples}
         print(f"[mnist10] {name}: {args.steps} steps on {X.shape[0]} images, {len(classes)} outputs", flush=True)
-        spec = zoo.get(name, image_shape=data.image_shape, task="multiclass", num_classes=len(classes),
-                       num_inducing=min(args.num_inducing, X.shape[0]),
-                       likelihood=likelihoods.OneHotGaussian(num_classes=len(classes)), **options)
-        labels = np.searchsorted(classes, y)  # digits -> 0..C-1
-        res, wall = _fit(spec, X, labels, args)
-        elbo = elbo_with_repeats(res, args.elbo_repeats if name != "svgp-rbf" else 1, args.elbo_samples)
-        models[name] = {**_record(res, wall, args), **elbo,
-                        **classification_scores(predict(res, X_test).probs, np.searchsorted(classes, y_test)),
-                        "paper": {"error": PAPER_MNIST10[name]}}
-        print(f"    error {models[name]['test_error']:.4f}  elbo {elbo['elbo']:.1f} ± {elbo['elbo_stderr']:.1f}", flush=True)
+        spec = _one_hot_spec(name, data.image_shape, len(classes), min(args.num_inducing, X.shape[0]), **options)
+        # digits -> 0..C-1
+        _, record = _scored_fit(spec, X, np.searchsorted(classes, y), X_test, np.searchsorted(classes, y_test), args,
+                                sampled=name != "svgp-rbf")
+        models[name] = {**record, "paper": {"error": PAPER_MNIST10[name]}}
+        print(f"    error {record['test_error']:.4f}  elbo {record['elbo']:.1f} ± {record['elbo_stderr']:.1f}", flush=True)
     return {
         "date": now(), "machine": machine_info(),
         "settings": {"dataset": "mnist-10", "likelihood": f"OneHotGaussian: Gaussian on one-hot targets, {len(classes)} outputs sharing one kernel and Z, argmax",
@@ -264,22 +272,19 @@ def run_mnist10(args) -> dict:
 # ----------------------------------------------------------------------------- §5.3 fully rotated MNIST
 def _mnist_rot_spec(name: str, data, num_inducing: int, args):
     """The zoo spec of §5.3 model ``name`` (one of :data:`MNIST_ROT_MODELS`)."""
-    from gpzoo.models import likelihoods, zoo  # noqa: PLC0415
     from gpzoo.models.parameters import Fixed  # noqa: PLC0415
 
-    common = dict(image_shape=data.image_shape, task="multiclass", num_classes=data.num_classes, num_inducing=num_inducing,
-                  likelihood=likelihoods.OneHotGaussian(num_classes=data.num_classes))
+    common = (data.image_shape, data.num_classes, num_inducing)
     if name == "svgp-rbf":
-        return zoo.get(name, **common)
+        return _one_hot_spec(name, *common)
     if name == "invariant-affine":
-        return zoo.get(name, num_orbit_samples=args.orbit_samples, **common)
+        return _one_hot_spec(name, *common, num_orbit_samples=args.orbit_samples)
     angle = Fixed(180.0) if name == FIXED_ROTATION else args.initial_alpha
-    return zoo.get("invariant-rot", max_angle=angle, num_orbit_samples=args.orbit_samples, **common)
+    return _one_hot_spec("invariant-rot", *common, max_angle=angle, num_orbit_samples=args.orbit_samples)
 
 
 def run_mnist_rot(args) -> dict:
     from gpzoo.analysis import datasets  # noqa: PLC0415
-    from gpzoo.inference import predict  # noqa: PLC0415
 
     data = datasets.load("mnist-rotated", seed=args.seed, max_angle_deg=180.0, labels="digit")
     X, y = subsample(data.X_train, data.y_train, args.max_train, args.seed)
@@ -288,13 +293,11 @@ def run_mnist_rot(args) -> dict:
     for name in args.mnist_rot_models:
         spec = _mnist_rot_spec(name, data, min(args.num_inducing, X.shape[0]), args)
         print(f"[mnist-rot] {name}: {args.steps} steps on {X.shape[0]} images", flush=True)
-        res, wall = _fit(spec, X, y, args)
-        sampled = name != "svgp-rbf"
-        record = {**_record(res, wall, args), **elbo_with_repeats(res, args.elbo_repeats if sampled else 1, args.elbo_samples),
-                  **classification_scores(predict(res, X_test).probs, y_test)}
+        res, record = _scored_fit(spec, X, y, X_test, y_test, args, sampled=name != "svgp-rbf")
         if name.startswith("invariant-rot"):
-            record["alpha_final"] = float(np.asarray(res.params.get(ALPHA_SITE, 180.0)))
-            record["alpha_learned"] = name != FIXED_ROTATION
+            angle = spec.kernel.orbit.max_angle  # a Fixed value is a constant, not a trained parameter
+            record["alpha_learned"] = ALPHA_SITE in res.params
+            record["alpha_final"] = float(np.asarray(res.params[ALPHA_SITE] if record["alpha_learned"] else angle.value))
         models[name] = record
         print(f"    error {record['test_error']:.4f}  elbo {record['elbo']:.1f} ± {record['elbo_stderr']:.1f}"
               + (f"  α {record['alpha_final']:.1f}°" if "alpha_final" in record else ""), flush=True)
